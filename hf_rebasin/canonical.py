@@ -1,0 +1,123 @@
+"""The canonical graph: a pre-norm transformer whose every norm is a parameter-free RMSNorm.
+
+Row-vector convention throughout: a linear layer is ``y = x @ W + b`` with ``W`` of shape
+``(d_in, d_out)``.  A canonical graph is plain data: a :class:`Spec` (structure and the
+symmetry constraints its architecture imposes) and a flat ``dict`` of tensors keyed as
+
+    embed.<name>               residual WRITES with the residual width d as last dim
+                               (token/position embeddings, patch conv, class token, ...)
+    layers.<i>.attn.q|k|v      READS   (d, heads * head_dim), with ``_bias`` companions
+    layers.<i>.attn.o          WRITE   (heads * head_dim, d), ``o_bias`` (d)
+    layers.<i>.mlp.up|gate     READS   (d, ffn), with ``_bias`` companions
+    layers.<i>.mlp.down        WRITE   (ffn, d), ``down_bias`` (d)
+    head.weight / head.bias    READ    (d, n_out) / (n_out)
+    final_norm.bias            a bias that has to stay inside the final norm (d), when the
+                               reader after it has no bias to absorb it into
+
+The norms themselves carry no parameters; their epsilon is ``Graph.norm_eps``.
+Every adapter maps its checkpoint to this form and back exactly (DESIGN.md §2).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+WRITE_SUFFIXES = ("attn.o", "attn.o_bias", "mlp.down", "mlp.down_bias")
+READ_SUFFIXES = ("attn.q", "attn.k", "attn.v", "mlp.up", "mlp.gate")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Structure of a canonical graph and the constraints on its symmetry group."""
+
+    architecture: str  # class name of the source model, e.g. "GPTNeoXForCausalLM"
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    n_out: int  # vocabulary size or number of classes
+    glu: bool  # gated FFN (SwiGLU): gate and up projections
+    rotary_dims: int = 0  # rotary dimensions per head (0: no RoPE)
+    rotary_layout: str = "half"  # "half": rotate_half pairs i with i + rotary_dims/2
+    centred: bool = False  # exported with LayerNorm: the stream must stay centred, G·1 = ±1
+    head_maps: bool = True  # per-head QK/OV maps are exact symmetries (False with clip_qkv)
+    scale_exact: bool = True  # the norm eps can be rescaled in the exported config (g != 1 exact)
+    embeddings: tuple[str, ...] = ("tok",)  # names of the embed.* write tensors
+    token_embedding: str | None = "tok"  # the embedding indexed by vocabulary (None for ViT)
+    notes: tuple[str, ...] = ()  # caveats of the round trip (for inspect and model cards)
+
+    @property
+    def group_size(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def free_head_dims(self) -> int:
+        return self.head_dim - self.rotary_dims
+
+
+@dataclass
+class Graph:
+    spec: Spec
+    params: dict[str, Tensor]
+    norm_eps: float
+    meta: dict = field(default_factory=dict)  # adapter-specific, non-tensor facts needed for export
+
+    def replace(self, params: dict[str, Tensor] | None = None, **changes) -> "Graph":
+        return dataclasses.replace(self, params=dict(self.params if params is None else params), **changes)
+
+
+def layer_key(i: int, name: str) -> str:
+    return f"layers.{i}.{name}"
+
+
+def residual_role(key: str) -> str | None:
+    """How a tensor reacts to the residual rotation: 'write', 'read', 'norm_bias' or None."""
+    if key.startswith("embed."):
+        return "write"
+    if key == "head.weight":
+        return "read"
+    if key == "final_norm.bias":
+        return "norm_bias"
+    if key.startswith("layers."):
+        suffix = key.split(".", 2)[2]
+        if suffix in WRITE_SUFFIXES:
+            return "write"
+        if suffix in READ_SUFFIXES:
+            return "read"
+    return None
+
+
+# --- helpers the adapters share ---------------------------------------------------------------
+
+def centre(w: Tensor) -> Tensor:
+    """Right-multiply by C = I - 11^T/d: remove the mean along the residual (last) axis."""
+    return w - w.mean(dim=-1, keepdim=True)
+
+
+def fold_norm(gamma: Tensor | None, beta: Tensor | None, weight: Tensor, bias: Tensor | None):
+    """Absorb a norm's affine (x*gamma + beta) into the reader (weight: (d, out)) after it."""
+    new_w = weight if gamma is None else gamma[:, None] * weight
+    if beta is None:
+        return new_w, bias
+    shift = beta @ weight
+    return new_w, shift if bias is None else bias + shift
+
+
+def interpolate(graphs: list[Graph], weights: list[float]) -> Graph:
+    """The point sum_i w_i * graph_i of the canonical parameter space."""
+    first = graphs[0]
+    for other in graphs[1:]:
+        if other.spec != first.spec or other.params.keys() != first.params.keys():
+            raise ValueError("cannot interpolate canonical graphs of different structure")
+    params = {k: sum(w * g.params[k] for g, w in zip(graphs, weights)) for k in first.params}
+    eps = float(sum(w * g.norm_eps for g, w in zip(graphs, weights)))
+    return first.replace(params, norm_eps=eps)
+
+
+def to_dtype(graph: Graph, dtype: torch.dtype) -> Graph:
+    return graph.replace({k: v.to(dtype) for k, v in graph.params.items()})

@@ -1,0 +1,267 @@
+"""Elements of the symmetry group of a canonical graph and their action (DESIGN.md §3).
+
+A :class:`Transform` holds one group element; ``None`` anywhere means the identity.
+Semantics of ``apply(graph, t)``: new head ``j`` of layer ``i`` is old head
+``t.head_perm[i][j]``; then the per-KV-group maps act on the permuted heads; new FFN unit
+``j`` is old unit ``t.ffn_perm[i][j]``, then scaled by ``t.glu_scale[i][j]``; finally the
+residual stream is rotated by G and scaled by g.  Every operation is differentiable in the
+continuous parameters, so learned matching can train through it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .canonical import Graph, Spec, layer_key, residual_role
+
+
+@dataclass
+class Transform:
+    rotation: Tensor | None = None  # G, (d, d) orthogonal
+    scale: Tensor | float = 1.0  # g > 0
+    head_perm: list[Tensor | None] = field(default_factory=list)  # (n_heads,) per layer
+    qk_maps: list[Tensor | None] = field(default_factory=list)  # (n_kv_heads, hd, hd) per layer
+    ov_maps: list[Tensor | None] = field(default_factory=list)  # (n_kv_heads, hd, hd) per layer
+    ffn_perm: list[Tensor | None] = field(default_factory=list)  # (ffn,) per layer
+    glu_scale: list[Tensor | None] = field(default_factory=list)  # (ffn,) per layer
+
+    @staticmethod
+    def identity(spec: Spec) -> "Transform":
+        none = [None] * spec.n_layers
+        return Transform(None, 1.0, list(none), list(none), list(none), list(none), list(none))
+
+    def per_layer(self, name: str, i: int):
+        items = getattr(self, name)
+        return items[i] if i < len(items) else None
+
+    # --- (de)serialisation as a flat dict of tensors (transforms.safetensors) ---
+    def to_tensors(self) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {"scale": torch.as_tensor(self.scale, dtype=torch.float32).reshape(())}
+        if self.rotation is not None:
+            out["rotation"] = self.rotation
+        for name in ("head_perm", "qk_maps", "ov_maps", "ffn_perm", "glu_scale"):
+            for i, value in enumerate(getattr(self, name)):
+                if value is not None:
+                    out[f"{name}.{i}"] = value
+        return {k: v.detach().contiguous().cpu() for k, v in out.items()}
+
+    @staticmethod
+    def from_tensors(tensors: dict[str, Tensor], spec: Spec) -> "Transform":
+        t = Transform.identity(spec)
+        t.rotation = tensors.get("rotation")
+        t.scale = float(tensors["scale"]) if "scale" in tensors else 1.0
+        for key, value in tensors.items():
+            if "." in key:
+                name, i = key.rsplit(".", 1)
+                getattr(t, name)[int(i)] = value
+        return t
+
+
+def kv_perm_of(head_perm: Tensor, group_size: int) -> Tensor:
+    """The KV-group permutation a query-head permutation implies; raises if it splits groups."""
+    groups = head_perm.view(-1, group_size) // group_size
+    if not bool((groups == groups[:, :1]).all()):
+        raise ValueError("head permutation mixes query heads of different KV groups")
+    return groups[:, 0]
+
+
+def _map_heads(x: Tensor, maps: Tensor, head_group: Tensor, head_dim: int) -> Tensor:
+    """x: (..., n * head_dim) with heads on the last axis; maps: (groups, hd, hd); x_h -> x_h M_g(h)."""
+    shape = x.shape
+    xh = x.reshape(*shape[:-1], -1, head_dim)
+    return torch.einsum("...hi,hij->...hj", xh, maps[head_group]).reshape(shape)
+
+
+def _permute_heads(x: Tensor, perm: Tensor, head_dim: int, dim: int) -> Tensor:
+    """Permute whole heads of size head_dim along axis ``dim`` of x."""
+    dim = dim % x.dim()
+    shape = x.shape
+    xh = x.reshape(*shape[:dim], -1, head_dim, *shape[dim + 1:])
+    return xh.index_select(dim, perm).reshape(shape)
+
+
+def apply(graph: Graph, t: Transform) -> Graph:
+    """The graph transformed by the group element t (an exact function-preserving rewrite)."""
+    spec, p = graph.spec, dict(graph.params)
+    hd, gs = spec.head_dim, spec.group_size
+    for i in range(spec.n_layers):
+        key = lambda name: layer_key(i, name)  # noqa: E731
+        perm = t.per_layer("head_perm", i)
+        if perm is not None:
+            kv_perm = kv_perm_of(perm, gs)
+            for name, heads in (("q", perm), ("k", kv_perm), ("v", kv_perm)):
+                p[key(f"attn.{name}")] = _permute_heads(p[key(f"attn.{name}")], heads, hd, -1)
+                if key(f"attn.{name}_bias") in p:
+                    p[key(f"attn.{name}_bias")] = _permute_heads(p[key(f"attn.{name}_bias")], heads, hd, -1)
+            p[key("attn.o")] = _permute_heads(p[key("attn.o")], perm, hd, 0)
+
+        q_group = torch.arange(spec.n_heads) // gs
+        kv_group = torch.arange(spec.n_kv_heads)
+        m = t.per_layer("qk_maps", i)
+        if m is not None:
+            m_inv_t = torch.linalg.inv(m).transpose(-1, -2)
+            for name, maps, groups in (("q", m, q_group), ("k", m_inv_t, kv_group)):
+                for suffix in ("", "_bias"):
+                    k_ = key(f"attn.{name}{suffix}")
+                    if k_ in p:
+                        p[k_] = _map_heads(p[k_], maps, groups, hd)
+        n = t.per_layer("ov_maps", i)
+        if n is not None:
+            for suffix in ("", "_bias"):
+                k_ = key(f"attn.v{suffix}")
+                if k_ in p:
+                    p[k_] = _map_heads(p[k_], n, kv_group, hd)
+            o = p[key("attn.o")].reshape(spec.n_heads, hd, -1)
+            p[key("attn.o")] = torch.linalg.solve(n[q_group], o).reshape(spec.n_heads * hd, -1)
+
+        fperm = t.per_layer("ffn_perm", i)
+        s = t.per_layer("glu_scale", i)
+        for name in ("up", "gate"):
+            for suffix in ("", "_bias"):
+                k_ = key(f"mlp.{name}{suffix}")
+                if k_ not in p:
+                    continue
+                if fperm is not None:
+                    p[k_] = p[k_].index_select(-1, fperm)
+                if s is not None and name == "up":
+                    p[k_] = p[k_] * s
+        if fperm is not None:
+            p[key("mlp.down")] = p[key("mlp.down")].index_select(0, fperm)
+        if s is not None:
+            p[key("mlp.down")] = p[key("mlp.down")] / s[:, None]
+
+    g_rot, g = t.rotation, t.scale
+    scale_is_one = isinstance(g, (int, float)) and g == 1.0
+    if g_rot is not None or not scale_is_one:
+        for k_, value in list(p.items()):
+            role = residual_role(k_)
+            if role == "write":
+                value = value if g_rot is None else value @ g_rot
+                p[k_] = value * g
+            elif role == "read" and g_rot is not None:
+                p[k_] = g_rot.T @ value
+            elif role == "norm_bias" and g_rot is not None:
+                p[k_] = value @ g_rot
+    eps = graph.norm_eps * float(g) ** 2  # norm(g x) with eps g^2 equals norm(x) with eps, exactly
+    return graph.replace(p, norm_eps=eps)
+
+
+# --- random group elements (for tests and for disguising a model) ------------------------------
+
+def random_orthogonal(n: int, gen: torch.Generator, dtype=torch.float64) -> Tensor:
+    q, r = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=dtype))
+    return q * torch.sign(torch.diagonal(r))  # Haar-distributed, det of either sign
+
+
+def random_rotation_fixing_ones(d: int, gen: torch.Generator, dtype=torch.float64, sign: int = 1) -> Tensor:
+    """Orthogonal G with G·1 = sign·1: a random rotation of the complement of the ones direction."""
+    basis, _ = torch.linalg.qr(torch.cat([torch.ones(d, 1, dtype=dtype),
+                                          torch.randn(d, d - 1, generator=gen, dtype=dtype)], 1))
+    basis[:, 0] = torch.ones(d, dtype=dtype) / math.sqrt(d)
+    inner = torch.block_diag(torch.tensor([[float(sign)]], dtype=dtype), random_orthogonal(d - 1, gen, dtype))
+    return basis @ inner @ basis.T
+
+
+def rotary_pairs(spec: Spec) -> list[tuple[int, int]]:
+    """Index pairs (within a head) that RoPE rotates together."""
+    r = spec.rotary_dims
+    if r == 0:
+        return []
+    if spec.rotary_layout == "half":
+        return [(i, i + r // 2) for i in range(r // 2)]
+    if spec.rotary_layout == "interleaved":
+        return [(2 * i, 2 * i + 1) for i in range(r // 2)]
+    raise ValueError(f"unknown rotary layout {spec.rotary_layout!r}")
+
+
+def _well_conditioned(n: int, gen: torch.Generator, dtype) -> Tensor:
+    u, v = random_orthogonal(n, gen, dtype), random_orthogonal(n, gen, dtype)
+    s = torch.exp(torch.empty(n, dtype=dtype).uniform_(-0.5, 0.5, generator=gen))
+    return u @ torch.diag(s) @ v
+
+
+def random_qk_map(spec: Spec, gen: torch.Generator, dtype=torch.float64) -> Tensor:
+    """An invertible head-dim map that commutes with RoPE: scaled 2-D rotations on each rotary
+    pair, any invertible map on the pass-through dimensions, no mixing between the two."""
+    hd = spec.head_dim
+    m = torch.zeros(hd, hd, dtype=dtype)
+    for a, b in rotary_pairs(spec):
+        angle = float(torch.rand((), generator=gen, dtype=dtype)) * 2 * math.pi
+        radius = math.exp(float(torch.empty((), dtype=dtype).uniform_(-0.5, 0.5, generator=gen)))
+        c, s = radius * math.cos(angle), radius * math.sin(angle)
+        m[a, a], m[a, b], m[b, a], m[b, b] = c, s, -s, c
+    free = [j for j in range(hd) if j not in {x for pair in rotary_pairs(spec) for x in pair}]
+    if free:
+        idx = torch.tensor(free)
+        m[idx[:, None], idx[None, :]] = _well_conditioned(len(free), gen, dtype)
+    return m
+
+
+def random_transform(spec: Spec, seed: int = 0, dtype=torch.float32, scale: float | None = None) -> Transform:
+    """A random element of the group the spec allows (every factor non-trivial where allowed)."""
+    gen = torch.Generator().manual_seed(seed)
+    d, L = spec.d_model, spec.n_layers
+    if spec.centred:
+        sign = 1 if torch.rand((), generator=gen) < 0.5 else -1
+        rotation = random_rotation_fixing_ones(d, gen, sign=sign)
+    else:
+        rotation = random_orthogonal(d, gen)
+    if scale is None:
+        scale = math.exp(float(torch.empty(()).uniform_(-0.4, 0.4, generator=gen))) if spec.scale_exact else 1.0
+    t = Transform(rotation.to(dtype), scale)
+    gs = spec.group_size
+    for _ in range(L):
+        kv = torch.randperm(spec.n_kv_heads, generator=gen)
+        within = [torch.randperm(gs, generator=gen) for _ in range(spec.n_kv_heads)]
+        t.head_perm.append(torch.cat([kv[j] * gs + within[j] for j in range(spec.n_kv_heads)]))
+        if spec.head_maps:
+            t.qk_maps.append(torch.stack([random_qk_map(spec, gen) for _ in range(spec.n_kv_heads)]).to(dtype))
+            t.ov_maps.append(torch.stack([_well_conditioned(spec.head_dim, gen, torch.float64)
+                                          for _ in range(spec.n_kv_heads)]).to(dtype))
+        else:
+            t.qk_maps.append(None)
+            t.ov_maps.append(None)
+        t.ffn_perm.append(torch.randperm(spec.ffn_dim, generator=gen))
+        if spec.glu:
+            signs = torch.where(torch.rand(spec.ffn_dim, generator=gen) < 0.5, -1.0, 1.0)
+            t.glu_scale.append((signs * torch.exp(torch.empty(spec.ffn_dim).uniform_(-0.7, 0.7, generator=gen))).to(dtype))
+        else:
+            t.glu_scale.append(None)
+    return t
+
+
+def describe_group(spec: Spec) -> list[str]:
+    """Human-readable summary of the symmetry group hf-rebasin uses for this spec."""
+    d, hd = spec.d_model, spec.head_dim
+    lines = []
+    if spec.centred:
+        lines.append(f"residual rotation: orthogonal {d}x{d} fixing the all-ones direction (G·1 = ±1, "
+                     "LayerNorm export keeps the stream centred), shared by all layers")
+    else:
+        lines.append(f"residual rotation: any orthogonal {d}x{d}, shared by all layers")
+    lines.append("residual scale g: exact (norm eps rescaled in the exported config)" if spec.scale_exact
+                 else "residual scale g: fixed to 1 (the exported norm eps cannot be rescaled)")
+    if spec.n_kv_heads == spec.n_heads:
+        lines.append(f"head permutations: {spec.n_heads} heads per layer, {spec.n_layers} layers")
+    else:
+        lines.append(f"head permutations: {spec.n_kv_heads} KV groups of {spec.group_size} query heads (GQA), "
+                     "groups permuted whole, query heads within a group")
+    if not spec.head_maps:
+        lines.append("QK maps: none (clip_qkv clamps q, k, v elementwise, which no head-dim map commutes with)")
+        lines.append("OV maps: none (clip_qkv)")
+    else:
+        owner = "per head" if spec.group_size == 1 else "per KV group, shared by its query heads"
+        if spec.rotary_dims:
+            lines.append(f"QK maps ({owner}): {spec.free_head_dims} of {hd} head dims free, "
+                         f"{spec.rotary_dims} restricted by RoPE to scaled rotations per frequency pair "
+                         f"({spec.rotary_layout} layout)")
+        else:
+            lines.append(f"QK maps ({owner}): any invertible {hd}x{hd} (no RoPE)")
+        lines.append(f"OV maps ({owner}): any invertible {hd}x{hd}")
+    lines.append(f"FFN permutations: {spec.ffn_dim} hidden units per layer")
+    if spec.glu:
+        lines.append(f"GLU value scaling: {spec.ffn_dim} nonzero scales per layer (SwiGLU up/down)")
+    return lines
