@@ -1,0 +1,540 @@
+"""The ``--data`` layer: turn a data spec into evaluation batches.
+
+Text specs (``read_texts``), tried in this order:
+
+* an existing file ending in ``.jsonl`` (or ``.json``): JSON lines (or a JSON array) of records; the text is each
+  record's ``text_field``;
+* any other existing file: its whole content, one document (it must decode as UTF-8);
+* an existing folder written by ``datasets.Dataset.save_to_disk``: loaded with ``datasets.load_from_disk``;
+* any other existing folder: every file under it, recursively, sorted by relative path, one document each;
+  hidden files and folders (names starting with ``.``) are skipped, and so are files that are not UTF-8 text
+  (a NUL byte in the first 8 KiB, or a decode error);
+* a local-looking spec that does not exist (absolute or ``./`` / ``../`` / ``~`` path, a file suffix, or more than
+  one ``/``) is an error, never a Hub lookup;
+* otherwise a ``datasets`` spec ``NAME[:CONFIG[:SPLIT]]``:
+
+  - ``NAME`` a Hub id (``wikitext:wikitext-103-raw-v1:test``, ``Salesforce/wikitext:wikitext-2-raw-v1``): calls
+    ``datasets.load_dataset(NAME, CONFIG, split=SPLIT)``; the default split is ``test``;
+  - ``NAME`` one of the packaged local loaders of ``datasets`` (``json``, ``csv``, ``text``, ``parquet``,
+    ``arrow``, ``imagefolder``, ...): ``CONFIG`` is then a local file/glob (passed as ``data_files``) or a folder
+    (passed as ``data_dir``), e.g. ``json:corpus/*.jsonl`` or ``imagefolder:pets/``; the default split is
+    ``train`` (what those loaders name a single split).
+
+  A SPLIT in the spec wins over the ``split`` argument.  Spec parts are separated by ``:``, so a path inside a
+  spec cannot itself contain ``:``.
+
+Documents that are empty or only whitespace are dropped; nothing left is an error.
+
+The token protocol (``token_windows``) is fixed so that barrier numbers are comparable between runs: every
+document is tokenised without special tokens, documents are joined with the tokenizer's EOS id (when it has one),
+and the stream is cut into consecutive non-overlapping windows of exactly ``seq_len`` tokens; the ragged tail is
+dropped and only the first ``max_tokens // seq_len`` windows are kept.
+
+Image specs (``read_images``): an ImageFolder directory, an ``.npz`` with ``images`` and ``labels``, a
+``save_to_disk`` folder, or a ``datasets`` spec as above whose rows have an ``image``/``img`` and a
+``label``/``labels`` column.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["DataError", "read_texts", "token_windows", "load_token_windows", "read_images", "split_text"]
+
+
+class DataError(ValueError):
+    """A data spec that cannot be read; the message names the file or spec and what to do about it."""
+
+
+# --------------------------------------------------------------------------------------------------------- specs
+
+JSON_LINES_SUFFIXES = (".jsonl", ".json", ".ndjson")
+_HUB_DEFAULT_SPLIT = "test"
+_LOCAL_LOADER_DEFAULT_SPLIT = "train"
+_BINARY_SNIFF_BYTES = 8192
+
+
+def _packaged_loaders() -> frozenset[str]:
+    try:
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+        return frozenset(_PACKAGED_DATASETS_MODULES)
+    except ImportError:  # private name moved: fall back to the stable core set
+        return frozenset({"json", "csv", "text", "parquet", "arrow", "pandas", "imagefolder", "audiofolder"})
+
+
+def _looks_like_path(spec: str) -> bool:
+    """True for specs that can only mean a local path (so a missing one is 'no such file', not a Hub id)."""
+    if spec.startswith(("/", "./", "../", "~", ".\\", "..\\")) or spec in (".", ".."):
+        return True
+    if ":" in spec:  # NAME:CONFIG[:SPLIT] is a datasets spec
+        return False
+    if spec.count("/") > 1 or "\\" in spec:  # Hub ids have at most one '/' (owner/name)
+        return True
+    return bool(re.search(r"\.[A-Za-z0-9]{1,8}$", spec)) and not re.fullmatch(r"[\w.-]+/[\w.-]+", spec)
+
+
+def _parse_datasets_spec(spec: str) -> tuple[str, str | None, str | None]:
+    parts = spec.split(":")
+    if len(parts) > 3 or not parts[0] or any(part == "" for part in parts[1:]):
+        raise DataError(f"data spec {spec!r} is not an existing local path and not a datasets spec of the form "
+                        f"NAME[:CONFIG[:SPLIT]] (e.g. wikitext:wikitext-103-raw-v1:test or json:corpus.jsonl)")
+    name = parts[0]
+    config = parts[1] if len(parts) > 1 else None
+    spec_split = parts[2] if len(parts) > 2 else None
+    return name, config, spec_split
+
+
+def _is_saved_dataset(folder: Path) -> bool:
+    return (folder / "dataset_dict.json").is_file() or (
+        (folder / "state.json").is_file() and (folder / "dataset_info.json").is_file())
+
+
+def _load_saved_dataset(spec: str, folder: Path, split: str | None):
+    import datasets
+    try:
+        loaded = datasets.load_from_disk(str(folder))
+    except Exception as error:  # noqa: BLE001 - any failure here is a bad data folder
+        raise DataError(f"could not load the saved dataset {spec!r} ({type(error).__name__}: {error}); "
+                        f"it should be a folder written by datasets' save_to_disk") from error
+    if isinstance(loaded, datasets.DatasetDict):
+        chosen = split or (_HUB_DEFAULT_SPLIT if _HUB_DEFAULT_SPLIT in loaded else None)
+        if chosen is None and len(loaded) == 1:
+            chosen = next(iter(loaded))
+        if chosen not in loaded:
+            raise DataError(f"the saved dataset {spec!r} has splits {sorted(loaded)}; "
+                            f"pick one with split=... (not {chosen!r})")
+        loaded = loaded[chosen]
+    return loaded
+
+
+def _load_datasets_spec(spec: str, split: str | None):
+    """``datasets.load_dataset`` for a NAME[:CONFIG[:SPLIT]] spec; every failure becomes a DataError."""
+    name, config, spec_split = _parse_datasets_spec(spec)
+    try:
+        import datasets
+    except ImportError as error:
+        raise DataError(f"data spec {spec!r} is not a local path, and the 'datasets' package needed to load it "
+                        f"from the Hub is not installed (pip install datasets)") from error
+    kwargs: dict = {}
+    if name in _packaged_loaders():
+        if config is None:
+            raise DataError(f"data spec {spec!r} names the local datasets loader {name!r} but no files; "
+                            f"write it as {name}:PATH_OR_GLOB[:SPLIT]")
+        local = Path(config).expanduser()
+        if local.is_dir():
+            kwargs["data_dir"] = str(local)
+        else:
+            kwargs["data_files"] = str(local)
+        chosen_split = spec_split or split or _LOCAL_LOADER_DEFAULT_SPLIT
+        call = (name,)
+    else:
+        chosen_split = spec_split or split or _HUB_DEFAULT_SPLIT
+        call = (name, config) if config is not None else (name,)
+    try:
+        return datasets.load_dataset(*call, split=chosen_split, **kwargs)
+    except Exception as error:  # noqa: BLE001 - offline, unknown id, bad split, bad files: all the user's to fix
+        offline = bool(getattr(datasets.config, "HF_HUB_OFFLINE", False)) or any(
+            os.environ.get(var, "").lower() in ("1", "true", "yes", "on")
+            for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+        hint = " (offline mode is on: HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)" if offline else ""
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise DataError(
+            f"data spec {spec!r} is neither an existing local path nor a loadable datasets spec "
+            f"(load_dataset{call!r}, split={chosen_split!r}{', ' + repr(kwargs) if kwargs else ''} failed{hint}: "
+            f"{type(error).__name__}: {detail}). Give a local .txt/.jsonl file or folder, or a dataset id of the "
+            f"form NAME[:CONFIG[:SPLIT]] that is reachable (or already in the datasets cache)") from error
+
+
+# ---------------------------------------------------------------------------------------------------------- text
+
+def _decode_text_file(path: Path) -> str | None:
+    """The file's text, or None when it is not UTF-8 text."""
+    raw = path.read_bytes()
+    if b"\x00" in raw[:_BINARY_SNIFF_BYTES]:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _visible_files(folder: Path) -> list[Path]:
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found.extend(Path(root) / name for name in files if not name.startswith("."))
+    return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
+
+
+def _read_json_records(path: Path) -> list:
+    text = _decode_text_file(path)
+    if text is None:
+        raise DataError(f"{path} is not a UTF-8 text file; a JSON lines file needs one JSON record per line")
+    stripped = text.lstrip()
+    if path.suffix == ".json" and stripped.startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path} is not valid JSON ({error}); give a JSON array or one record per line") from error
+        return records
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path} line {number} is not valid JSON ({error.msg}); a .jsonl file needs one JSON "
+                            f"object per line") from error
+    return records
+
+
+def _texts_from_records(records: list, where: str, text_field: str) -> list[str]:
+    texts = []
+    for number, record in enumerate(records, start=1):
+        if not isinstance(record, dict):
+            raise DataError(f"{where} record {number} is a {type(record).__name__}, not an object with a "
+                            f"{text_field!r} field")
+        if text_field not in record:
+            raise DataError(f"{where} record {number} has no field {text_field!r}; its fields are "
+                            f"{sorted(record)}. Choose one with --text-field")
+        value = record[text_field]
+        if not isinstance(value, str):
+            raise DataError(f"{where} record {number} field {text_field!r} is a {type(value).__name__}, not text; "
+                            f"choose a text field with --text-field (fields: {sorted(record)})")
+        texts.append(value)
+    return texts
+
+
+def _texts_from_dataset(dataset, spec: str, text_field: str) -> list[str]:
+    columns = list(dataset.column_names)
+    if text_field not in columns:
+        raise DataError(f"dataset {spec!r} has no column {text_field!r}; its columns are {columns}. "
+                        f"Choose one with --text-field")
+    texts = dataset[text_field]
+    texts = list(texts) if not isinstance(texts, list) else texts
+    if texts and not isinstance(texts[0], str):
+        raise DataError(f"dataset {spec!r} column {text_field!r} holds {type(texts[0]).__name__}, not text; "
+                        f"choose a text column with --text-field (columns: {columns})")
+    return texts
+
+
+def read_texts(spec: str, *, text_field: str = "text", split: str | None = None) -> list[str]:
+    """The documents named by ``spec`` (see the module docstring for the spec forms), in a fixed order."""
+    spec = str(spec)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix.lower() in JSON_LINES_SUFFIXES:
+            texts = _texts_from_records(_read_json_records(path), str(path), text_field)
+        else:
+            text = _decode_text_file(path)
+            if text is None:
+                raise DataError(f"{path} is not a UTF-8 text file; give a .txt file, a folder of text files, "
+                                f"a .jsonl file with a {text_field!r} field, or a datasets spec")
+            texts = [text]
+    elif path.is_dir():
+        if _is_saved_dataset(path):
+            texts = _texts_from_dataset(_load_saved_dataset(spec, path, split), spec, text_field)
+        else:
+            texts = [text for file in _visible_files(path) if (text := _decode_text_file(file)) is not None]
+    elif _looks_like_path(spec):
+        raise DataError(f"no such file or folder: {spec!r}; give an existing .txt/.jsonl file or folder of text "
+                        f"files, or a datasets spec NAME[:CONFIG[:SPLIT]] (e.g. wikitext:wikitext-103-raw-v1:test)")
+    else:
+        texts = _texts_from_dataset(_load_datasets_spec(spec, split), spec, text_field)
+    texts = [text for text in texts if text and not text.isspace()]
+    if not texts:
+        raise DataError(f"data spec {spec!r} contains no text; give a file or dataset with non-empty documents")
+    return texts
+
+
+# -------------------------------------------------------------------------------------------------------- tokens
+
+_CHUNK_CHARS = 200_000  # long documents are tokenised piece by piece, split at line breaks (see _chunks)
+_BATCH_PIECES = 64
+_PROGRESS_MIN_PIECES = 256
+
+# A line break with non-space characters on both sides: for byte-level BPE tokenizers (GPT-2, GPT-NeoX, LLaMA-3,
+# OLMo) the pre-tokeniser always makes such a '\n' its own piece, so cutting right after it does not change the ids.
+_SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
+
+
+def _chunks(text: str, size: int) -> list[str]:
+    if len(text) <= size:
+        return [text]
+    pieces, start = [], 0
+    while len(text) - start > size:
+        cut = None
+        for match in _SAFE_CUT.finditer(text, start + size // 2, start + size):
+            cut = match.start()
+        if cut is None:  # no line break in range (one huge line): cut anywhere after whitespace
+            space = text.rfind(" ", start + size // 2, start + size)
+            cut = space if space > start else start + size
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+def token_windows(texts: list[str], tokenizer, seq_len: int, max_tokens: int | None = None) -> torch.Tensor:
+    """LongTensor (n_windows, seq_len): the fixed windowing protocol of the module docstring."""
+    from tqdm.auto import tqdm
+
+    if isinstance(texts, str):
+        texts = [texts]
+    if seq_len < 1:
+        raise DataError(f"--seq-len must be at least 1, got {seq_len}")
+    if max_tokens is not None and max_tokens < seq_len:
+        raise DataError(f"--max-tokens {max_tokens} is smaller than --seq-len {seq_len}; no full window fits. "
+                        f"Raise --max-tokens or lower --seq-len")
+    needed = None if max_tokens is None else (max_tokens // seq_len) * seq_len
+    eos = getattr(tokenizer, "eos_token_id", None)
+
+    # (document index, piece) pairs; EOS is inserted whenever the document index changes
+    pieces = [(doc, piece) for doc, text in enumerate(texts) for piece in _chunks(text, _CHUNK_CHARS)]
+    ids: list[int] = []
+    bar = tqdm(total=len(pieces), desc="tokenising", unit="piece", disable=len(pieces) < _PROGRESS_MIN_PIECES)
+    previous_doc = None
+    try:
+        for start in range(0, len(pieces), _BATCH_PIECES):
+            batch = pieces[start:start + _BATCH_PIECES]
+            encoded = tokenizer([piece for _, piece in batch], add_special_tokens=False, verbose=False)["input_ids"]
+            for (doc, _), piece_ids in zip(batch, encoded):
+                if previous_doc is not None and doc != previous_doc and eos is not None:
+                    ids.append(eos)
+                previous_doc = doc
+                ids.extend(piece_ids)
+            bar.update(len(batch))
+            if needed is not None and len(ids) >= needed:
+                break
+    finally:
+        bar.close()
+
+    n_windows = len(ids) // seq_len
+    if needed is not None:
+        n_windows = min(n_windows, needed // seq_len)
+    if n_windows < 1:
+        raise DataError(f"the data gives only {len(ids)} tokens, fewer than one window of --seq-len {seq_len}; "
+                        f"use a smaller --seq-len or more text")
+    return torch.tensor(ids[:n_windows * seq_len], dtype=torch.long).view(n_windows, seq_len)
+
+
+def load_token_windows(spec: str, tokenizer, seq_len: int, max_tokens: int | None = None,
+                       text_field: str = "text") -> tuple[torch.Tensor, dict]:
+    """``read_texts`` then ``token_windows``; also the ``data`` record for barrier.json."""
+    windows = token_windows(read_texts(spec, text_field=text_field), tokenizer, seq_len, max_tokens)
+    n_windows = windows.shape[0]
+    return windows, {"spec": spec, "tokens": n_windows * seq_len, "seq_len": seq_len, "windows": n_windows}
+
+
+def split_text(text: str, fractions: tuple[float, float, float] = (0.9, 0.05, 0.05)) -> tuple[str, str, str]:
+    """A fixed contiguous split by characters: the first ``fractions[0]`` of the text is train, the next
+    ``fractions[1]`` val, the rest test.  Boundaries are ``floor(len * f0)`` and ``floor(len * (f0 + f1))``."""
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or not math.isclose(sum(fractions), 1.0, abs_tol=1e-9):
+        raise ValueError(f"fractions must be three non-negative numbers summing to 1, got {fractions}")
+    first = math.floor(len(text) * fractions[0])
+    second = max(first, math.floor(len(text) * (fractions[0] + fractions[1])))
+    return text[:first], text[first:second], text[second:]
+
+
+# -------------------------------------------------------------------------------------------------------- images
+
+IMAGE_COLUMNS = ("image", "img")
+LABEL_COLUMNS = ("label", "labels")
+_PROGRESS_MIN_IMAGES = 200
+
+
+def _subset_indices(n: int, max_examples: int | None) -> list[int]:
+    """All indices, or ``max_examples`` evenly spaced ones (``floor(i * n / max_examples)``) so that a
+    class-sorted source such as an ImageFolder still gives every class."""
+    if max_examples is None or n <= max_examples:
+        return list(range(n))
+    if max_examples < 1:
+        raise DataError(f"--max-examples must be at least 1, got {max_examples}")
+    return [i * n // max_examples for i in range(max_examples)]
+
+
+def _check_image_settings(input_size, mean, std) -> tuple[int, int, int]:
+    if len(input_size) != 3 or any(int(d) < 1 for d in input_size):
+        raise DataError(f"input_size must be (channels, height, width), got {tuple(input_size)}")
+    channels = int(input_size[0])
+    if len(mean) != channels or len(std) != channels:
+        raise DataError(f"mean {tuple(mean)} and std {tuple(std)} need one value per channel ({channels})")
+    if any(s == 0 for s in std):
+        raise DataError(f"std {tuple(std)} contains a zero")
+    return channels, int(input_size[1]), int(input_size[2])
+
+
+def _normalise(pixels: torch.Tensor, mean, std) -> torch.Tensor:
+    """pixels in [0, 1], shape (N, C, H, W) -> (pixels - mean) / std per channel."""
+    mean_t = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+    return (pixels - mean_t) / std_t
+
+
+def _pil_to_unit_array(image, channels: int, height: int, width: int) -> np.ndarray:
+    """A PIL image as float32 (C, H, W) in [0, 1]: converted to L (1 channel) or RGB (3), resized (bicubic)."""
+    from PIL import Image
+
+    mode = {1: "L", 3: "RGB"}.get(channels)
+    if mode is None:
+        raise DataError(f"images can be read for 1 or 3 channels, but input_size asks for {channels}")
+    if isinstance(image, np.ndarray):
+        image = Image.fromarray(image)
+    image = image.convert(mode)
+    if image.size != (width, height):
+        image = image.resize((width, height), Image.BICUBIC)
+    array = np.asarray(image, dtype=np.float32) / 255.0
+    return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+
+
+def _stack_pil_images(images, labels: list[int], spec: str, input_size, mean, std):
+    from tqdm.auto import tqdm
+
+    channels, height, width = _check_image_settings(input_size, mean, std)
+    if not labels:
+        raise DataError(f"data spec {spec!r} contains no images")
+    pixels = np.empty((len(labels), channels, height, width), dtype=np.float32)
+    for i, image in enumerate(tqdm(images, total=len(labels), desc="reading images", unit="image",
+                                   disable=len(labels) < _PROGRESS_MIN_IMAGES)):
+        pixels[i] = _pil_to_unit_array(image, channels, height, width)
+    images_t = _normalise(torch.from_numpy(pixels), mean, std)
+    return images_t, torch.tensor(labels, dtype=torch.long), {"spec": spec, "examples": len(labels)}
+
+
+def _read_image_folder(spec: str, folder: Path, input_size, mean, std, max_examples):
+    from PIL import Image, UnidentifiedImageError
+    from torchvision.datasets import ImageFolder
+
+    class _VisibleImageFolder(ImageFolder):
+        @staticmethod
+        def find_classes(directory):
+            classes = sorted(entry.name for entry in os.scandir(directory)
+                             if entry.is_dir() and not entry.name.startswith("."))
+            if not classes:
+                raise FileNotFoundError(f"no class folders in {directory}")
+            return classes, {name: index for index, name in enumerate(classes)}
+
+    try:
+        samples = _VisibleImageFolder(str(folder), allow_empty=True).samples
+    except FileNotFoundError as error:
+        raise DataError(f"{folder} is not an ImageFolder ({error}); it needs one sub-folder per class holding "
+                        f"that class's images (class index = sorted folder name)") from error
+    if not samples:
+        raise DataError(f"the ImageFolder {folder} contains no images (.png, .jpg, ...) in its class folders")
+    chosen = [samples[i] for i in _subset_indices(len(samples), max_examples)]
+
+    def images():
+        for file, _ in chosen:
+            try:
+                with Image.open(file) as image:
+                    image.load()
+                    yield image
+            except (UnidentifiedImageError, OSError) as error:
+                raise DataError(f"{file} in the ImageFolder {folder} is not a readable image ({error})") from error
+
+    return _stack_pil_images(images(), [label for _, label in chosen], spec, input_size, mean, std)
+
+
+def _read_npz(spec: str, path: Path, input_size, mean, std, max_examples):
+    channels, height, width = _check_image_settings(input_size, mean, std)
+    how = "save one with numpy.savez(path, images=..., labels=...)"
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as error:
+        raise DataError(f"{path} is not a readable .npz archive ({error}); {how}") from error
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise DataError(f"{path} holds a single array, not an .npz archive of 'images' and 'labels'; {how}")
+    with archive:
+        keys = sorted(archive.files)
+        if "images" not in keys or "labels" not in keys:
+            raise DataError(f"{path} needs arrays 'images' and 'labels'; it has {keys}. {how}")
+        try:
+            images, labels = archive["images"], archive["labels"]
+        except (ValueError, OSError) as error:
+            raise DataError(f"{path}: could not read its arrays ({error}); {how}") from error
+
+    if images.ndim == 3:  # (N, H, W): one channel
+        images = images[:, None]
+    elif images.ndim == 4 and images.shape[-1] in (1, 3) and images.shape[1] not in (1, 3):  # (N, H, W, C)
+        images = images.transpose(0, 3, 1, 2)
+    elif images.ndim != 4:
+        raise DataError(f"{path}: 'images' has shape {images.shape}; expected (N, H, W), (N, C, H, W) or "
+                        f"(N, H, W, C)")
+    if tuple(images.shape[1:]) != (channels, height, width):
+        raise DataError(f"{path}: images have shape (C, H, W) = {tuple(images.shape[1:])} but the model expects "
+                        f"input_size {(channels, height, width)}; resize them or save them in that shape")
+    if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
+        raise DataError(f"{path}: 'labels' has shape {labels.shape}; expected ({images.shape[0]},), one integer "
+                        f"class per image")
+    if images.shape[0] == 0:
+        raise DataError(f"{path} contains no images")
+    if not (np.issubdtype(labels.dtype, np.integer) or
+            (np.issubdtype(labels.dtype, np.floating) and np.all(labels == np.round(labels)))):
+        raise DataError(f"{path}: 'labels' has dtype {labels.dtype}; labels must be integer class indices")
+
+    keep = _subset_indices(images.shape[0], max_examples)
+    images, labels = images[keep], labels[keep]
+    if np.issubdtype(images.dtype, np.floating):  # used as given: already preprocessed for the model
+        images_t = torch.from_numpy(np.ascontiguousarray(images, dtype=np.float32))
+    elif np.issubdtype(images.dtype, np.integer):  # 8-bit pixel values
+        if images.min() < 0 or images.max() > 255:
+            raise DataError(f"{path}: integer images must hold 8-bit pixel values 0..255, found "
+                            f"{images.min()}..{images.max()}; save preprocessed images as float instead")
+        unit = torch.from_numpy(np.ascontiguousarray(images, dtype=np.float32)) / 255.0
+        images_t = _normalise(unit, mean, std)
+    else:
+        raise DataError(f"{path}: 'images' has dtype {images.dtype}; use uint8 pixels or float (used as given)")
+    labels_t = torch.from_numpy(np.ascontiguousarray(labels).astype(np.int64))
+    return images_t, labels_t, {"spec": spec, "examples": int(images_t.shape[0])}
+
+
+def _read_image_dataset(spec: str, dataset, input_size, mean, std, max_examples):
+    columns = list(dataset.column_names)
+    image_column = next((c for c in IMAGE_COLUMNS if c in columns), None)
+    label_column = next((c for c in LABEL_COLUMNS if c in columns), None)
+    if image_column is None or label_column is None:
+        raise DataError(f"dataset {spec!r} needs an image column ({' or '.join(IMAGE_COLUMNS)}) and a label column "
+                        f"({' or '.join(LABEL_COLUMNS)}); its columns are {columns}")
+    dataset = dataset.select(_subset_indices(len(dataset), max_examples))
+    labels = list(dataset[label_column])
+    if labels and not all(isinstance(label, (int, np.integer)) and not isinstance(label, bool) for label in labels):
+        raise DataError(f"dataset {spec!r} column {label_column!r} must hold integer class indices, "
+                        f"found {type(labels[0]).__name__}")
+    images = (row[image_column] for row in dataset)
+    return _stack_pil_images(images, [int(label) for label in labels], spec, input_size, mean, std)
+
+
+def read_images(spec: str, *, input_size: tuple[int, int, int], mean: tuple[float, ...], std: tuple[float, ...],
+                max_examples: int | None = None, split: str | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(images float32 (N, C, H, W), labels int64 (N,), {"spec", "examples"}) for an ImageFolder directory, an
+    ``.npz`` (``images``, ``labels``), a ``save_to_disk`` folder or a datasets spec NAME[:CONFIG[:SPLIT]].
+
+    Images read from files (ImageFolder, datasets) are converted to ``input_size[0]`` channels (L or RGB),
+    resized to ``input_size[1:]`` (bicubic), scaled to [0, 1] and normalised with ``mean``/``std``.  ``.npz``
+    images must already have the model's shape; uint8 ones are scaled and normalised the same way, float ones are
+    used as given.  With ``max_examples`` only that many evenly spaced examples are kept (every class of a sorted
+    folder is represented)."""
+    spec = str(spec)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".npz":
+            raise DataError(f"{path} is not an image data set; give an ImageFolder directory (one sub-folder per "
+                            f"class), an .npz with 'images' and 'labels', or a datasets spec")
+        return _read_npz(spec, path, input_size, mean, std, max_examples)
+    if path.is_dir():
+        if _is_saved_dataset(path):
+            return _read_image_dataset(spec, _load_saved_dataset(spec, path, split), input_size, mean, std,
+                                       max_examples)
+        return _read_image_folder(spec, path, input_size, mean, std, max_examples)
+    if _looks_like_path(spec):
+        raise DataError(f"no such file or folder: {spec!r}; give an existing ImageFolder directory, an .npz file, "
+                        f"or a datasets spec NAME[:CONFIG[:SPLIT]]")
+    return _read_image_dataset(spec, _load_datasets_spec(spec, split), input_size, mean, std, max_examples)

@@ -1,0 +1,201 @@
+"""Exactness of every adapter and every symmetry (DESIGN §2-3), and the errors users see."""
+import json
+
+import pytest
+import torch
+
+from hf_rebasin import models, symmetry, tiny
+from hf_rebasin.adapters import UnsupportedModelError
+from hf_rebasin.symmetry import Transform
+
+KINDS = tiny.KINDS
+
+
+def _max_diff(model_a, model_b, inputs):
+    return (tiny.outputs(model_a, inputs) - tiny.outputs(model_b, inputs)).abs().max().item()
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_dirs):
+    return {kind: models.load(path) for kind, path in tiny_dirs.items()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_canonical_round_trip_is_exact(loaded, kind):
+    source = loaded[kind]
+    x = tiny.example_inputs(kind)
+    assert tiny.outputs(source.model, x).abs().max() > 1.0  # the comparison below is not of near-zero logits
+    exported = models.instantiate(models.canonicalise(source), source)
+    assert _max_diff(source.model, exported, x) <= 1e-5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_random_group_element_preserves_function(loaded, kind):
+    source = loaded[kind]
+    graph = models.canonicalise(source)
+    t = symmetry.random_transform(graph.spec, seed=7)
+    moved = symmetry.apply(graph, t)
+    # the element really moves the weights (else the test could not fail)
+    for key in ("layers.0.attn.q", "layers.1.mlp.down", "head.weight"):
+        assert (moved.params[key] - graph.params[key]).abs().max() > 0.1
+    x = tiny.example_inputs(kind, seed=3)
+    # g != 1 is exact because the exported norm eps is rescaled by g^2; classes with a fixed eps get g = 1
+    assert _max_diff(source.model, models.instantiate(moved, source), x) <= 1e-4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_export_loads_with_stock_loader(loaded, kind, tmp_path):
+    source = loaded[kind]
+    graph = symmetry.apply(models.canonicalise(source), symmetry.random_transform(models.canonicalise(source).spec, 3))
+    models.export(graph, source, tmp_path / "out")
+    if source.adapter.library == "timm":
+        import timm
+        reloaded = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()
+        assert type(reloaded).__name__ == "VisionTransformer"
+    else:
+        import transformers
+        reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+        assert type(reloaded) is type(source.model)
+        config = json.loads((tmp_path / "out" / "config.json").read_text())
+        assert config["architectures"] == [source.adapter.architecture]
+        assert config["tie_word_embeddings"] is False
+        assert "auto_map" not in config  # no custom code
+    x = tiny.example_inputs(kind, seed=5)
+    assert _max_diff(source.model, reloaded, x) <= 1e-4
+    for name, param in reloaded.named_parameters():  # every norm gain is 1: the canonical form was exported
+        if "norm" in name and name.endswith("weight") or ".ln_" in name and name.endswith("weight"):
+            assert torch.equal(param, torch.ones_like(param)), name
+
+
+def test_constraints_matter(loaded):
+    """Elements outside the declared group break the function: the constraints are not decoration."""
+    # a LayerNorm model needs G·1 = ±1
+    source = loaded["gpt_neox"]
+    graph = models.canonicalise(source)
+    x = tiny.example_inputs("gpt_neox")
+    bad = Transform.identity(graph.spec)
+    bad.rotation = symmetry.random_orthogonal(graph.spec.d_model, torch.Generator().manual_seed(0)).float()
+    assert _max_diff(source.model, models.instantiate(symmetry.apply(graph, bad), source), x) > 1e-2
+    # RoPE rules out a general QK map on rotary dims
+    bad = Transform.identity(graph.spec)
+    bad.qk_maps = [torch.eye(graph.spec.head_dim).repeat(graph.spec.n_heads, 1, 1) for _ in range(2)]
+    bad.qk_maps[0][:, 0, 1] = 0.5
+    assert _max_diff(source.model, models.instantiate(symmetry.apply(graph, bad), source), x) > 1e-3
+    # clip_qkv rules out the OV maps (the clamp is active on these weights)
+    source = loaded["olmo_clip_qkv"]
+    graph = models.canonicalise(source)
+    assert graph.spec.head_maps is False
+    bad = Transform.identity(graph.spec)
+    bad.ov_maps = [2 * torch.eye(graph.spec.head_dim).repeat(graph.spec.n_heads, 1, 1) for _ in range(2)]
+    assert _max_diff(source.model, models.instantiate(symmetry.apply(graph, bad), source), x) > 1e-3
+
+
+def test_gqa_head_permutation_must_keep_groups(loaded):
+    spec = models.canonicalise(loaded["llama_gqa_tied"]).spec
+    assert spec.n_kv_heads == 2 and spec.group_size == 2
+    assert symmetry.kv_perm_of(torch.tensor([3, 2, 1, 0]), 2).tolist() == [1, 0]
+    with pytest.raises(ValueError, match="KV groups"):
+        symmetry.kv_perm_of(torch.tensor([0, 2, 1, 3]), 2)
+
+
+def test_random_elements_respect_declared_constraints(loaded):
+    for kind in KINDS:
+        spec = models.canonicalise(loaded[kind]).spec
+        t = symmetry.random_transform(spec, seed=11)
+        if spec.centred:
+            ones = torch.ones(spec.d_model)
+            assert torch.allclose((ones @ t.rotation).abs(), ones, atol=1e-5)
+        assert torch.allclose(t.rotation @ t.rotation.T, torch.eye(spec.d_model), atol=1e-5)
+        for m in t.qk_maps:
+            if m is None:
+                continue
+            for a, b in symmetry.rotary_pairs(spec):  # scaled rotation on every rotary pair
+                assert torch.allclose(m[:, a, a], m[:, b, b]) and torch.allclose(m[:, a, b], -m[:, b, a])
+                assert m[:, a][:, [j for j in range(spec.head_dim) if j not in (a, b)]].abs().max() == 0
+
+
+def test_transform_serialises(loaded):
+    spec = models.canonicalise(loaded["llama_gqa_tied"]).spec
+    t = symmetry.random_transform(spec, seed=2)
+    back = Transform.from_tensors(t.to_tensors(), spec)
+    assert torch.equal(back.rotation, t.rotation) and back.scale == pytest.approx(t.scale)
+    assert all(torch.equal(a, b) for a, b in zip(back.head_perm, t.head_perm))
+    assert all(torch.equal(a, b) for a, b in zip(back.glu_scale, t.glu_scale))
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+def test_unsupported_class_says_why(tmp_path):
+    import transformers
+    config = transformers.Olmo2Config(hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
+                                      intermediate_size=32, vocab_size=50, pad_token_id=1, bos_token_id=None,
+                                      eos_token_id=2)
+    transformers.Olmo2ForCausalLM(config).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match="QK-norm.*post-norm"):
+        models.load(tmp_path)
+
+
+def test_unsupported_vit_variant(tmp_path):
+    import timm
+    from timm.models import save_for_hf
+    args = dict(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=4, num_classes=3, qk_norm=True)
+    save_for_hf(timm.create_model("vit_tiny_patch16_224", pretrained=False, **args), str(tmp_path),
+                model_args=args, safe_serialization=True)
+    loaded_vit = models.load(tmp_path)
+    with pytest.raises(UnsupportedModelError, match="q_norm"):
+        models.canonicalise(loaded_vit)
+
+
+def test_mismatched_configs_name_the_fields(tmp_path, tiny_dirs):
+    import transformers
+    kind_config = tiny.LM_CONFIGS["gpt_neox"][1]
+    other = transformers.GPTNeoXConfig(**{**kind_config, "hidden_size": 48, "vocab_size": 101})
+    transformers.GPTNeoXForCausalLM(other).save_pretrained(tmp_path)
+    with pytest.raises(models.IncompatibleModelsError, match="d_model: 32 vs 48.*n_out: 97 vs 101"):
+        models.check_compatible(models.load(tiny_dirs["gpt_neox"]), models.load(tmp_path))
+    with pytest.raises(models.IncompatibleModelsError, match="different architectures"):
+        models.check_compatible(models.load(tiny_dirs["gpt_neox"]), models.load(tiny_dirs["gpt2"]))
+    models.check_compatible(models.load(tiny_dirs["gpt_neox"]), models.load(tiny_dirs["gpt_neox"]))
+
+
+def test_not_a_model_folder(tmp_path):
+    with pytest.raises(models.ModelLoadError, match="no config.json"):
+        models.load(tmp_path)
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(models.ModelLoadError, match="is a file"):
+        models.load(tmp_path / "notes.txt")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(models.ModelLoadError, match="not valid JSON"):
+        models.load(tmp_path)
+
+
+def test_corrupt_weights(tmp_path, tiny_dirs):
+    import shutil
+    shutil.copytree(tiny_dirs["gpt_neox"], tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    with pytest.raises(models.ModelLoadError, match="could not load the weights"):
+        models.load(tmp_path / "m")
+
+
+def test_non_finite_weights(tmp_path):
+    model = tiny.build_tiny("gpt2", seed=0)
+    with torch.no_grad():
+        model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
+    model.save_pretrained(tmp_path)
+    with pytest.raises(models.ModelLoadError, match="non-finite"):
+        models.canonicalise(models.load(tmp_path))
+
+
+def test_inspect_command(tiny_dirs, capsys):
+    from hf_rebasin.cli import main
+    assert main(["inspect", str(tiny_dirs["gpt_neox"])]) == 0
+    out = capsys.readouterr().out
+    assert "GPTNeoXForCausalLM" in out
+    assert "QK maps (per head): 4 of 8 head dims free, 4 restricted by RoPE to scaled rotations" in out
+    assert main(["inspect", str(tiny_dirs["olmo_clip_qkv"]), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["architecture"] == "OlmoForCausalLM" and info["parameters"] > 0
+    assert any("clip_qkv" in line for line in info["symmetry_group"])
+    assert main(["inspect", str(tiny_dirs["gpt_neox"].parent)]) == 2
+    assert "not a model folder" in capsys.readouterr().err
