@@ -112,7 +112,8 @@ def interpolate(graphs: list[Graph], weights: list[float]) -> Graph:
     """The point sum_i w_i * graph_i of the canonical parameter space."""
     first = graphs[0]
     for other in graphs[1:]:
-        if other.spec != first.spec or other.params.keys() != first.params.keys():
+        same_spec = dataclasses.replace(other.spec, notes=()) == dataclasses.replace(first.spec, notes=())
+        if not same_spec or other.params.keys() != first.params.keys():
             raise ValueError("cannot interpolate canonical graphs of different structure")
     params = {k: sum(w * g.params[k] for g, w in zip(graphs, weights)) for k in first.params}
     eps = float(sum(w * g.norm_eps for g, w in zip(graphs, weights)))

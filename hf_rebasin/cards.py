@@ -47,6 +47,18 @@ def read_barrier(out_dir: str | Path) -> dict:
     return barrier
 
 
+def is_hub_id(source: str) -> bool:
+    """A source that names a Hub repository (not a local folder); only those may go in base_model."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    if source.startswith((".", "/", "~")) or Path(source).expanduser().exists():
+        return False
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        return False
+    return True
+
+
 def library_name(barrier: dict) -> str:
     from .adapters import REGISTRY
     adapter = REGISTRY.get(barrier.get("architecture", ""))
@@ -66,7 +78,7 @@ def merged_value(barrier: dict, key: str) -> float | None:
     values, lambdas = barrier.get(key), barrier.get("lambdas") or []
     if not values or barrier.get("alpha") not in lambdas:
         if key == "perplexity" and barrier.get("merged_loss") is not None and barrier.get("task") == "causal-lm":
-            return math.exp(barrier["merged_loss"])
+            return math.exp(min(barrier["merged_loss"], 700.0))  # beyond that it is inf, dropped later anyway
         return None
     return values[lambdas.index(barrier["alpha"])]
 
@@ -103,13 +115,16 @@ def eval_table(evals: dict) -> tuple[list[str], list[list[str]]]:
                                    for c in columns]
     rows = []
     for task in evals.get("tasks") or list(evals["results"].get("merged", {})):
-        for metric, _ in eval_metrics(evals["results"].get("merged", {}).get(task, {})).items():
-            cells = []
-            for column in columns:
-                value, stderr = eval_metrics(evals["results"][column].get(task, {})).get(metric, (None, None))
-                cells.append("–" if value is None else number(value) + (f" ± {number(stderr)}" if stderr is not None else ""))
-            rows.append([task, metric] + cells)
+        for metric in eval_metrics(evals["results"].get("merged", {}).get(task, {})):
+            cells = [eval_metrics(evals["results"][c].get(task, {})).get(metric, (None, None)) for c in columns]
+            rows.append([task, metric] + [score(value, stderr) for value, stderr in cells])
     return header, rows
+
+
+def score(value: float | None, stderr: float | None) -> str:
+    if value is None:
+        return "–"
+    return number(value) + (f" ± {number(stderr)}" if stderr is not None else "")
 
 
 def eval_results(barrier: dict, evals: dict | None) -> list[EvalResult]:
@@ -130,7 +145,7 @@ def eval_results(barrier: dict, evals: dict | None) -> list[EvalResult]:
                 results.append(EvalResult(task_type="text-generation", dataset_type=task, dataset_name=task,
                                           dataset_args={"num_few_shot": shots}, metric_type=metric,
                                           metric_name=f"{metric} ({shots}-shot)", metric_value=value))
-    return results
+    return [r for r in results if isinstance(r.metric_value, (int, float)) and math.isfinite(r.metric_value)]
 
 
 def data_detail(data: dict) -> str:
@@ -155,8 +170,10 @@ def render_card(out_dir: str | Path, *, model_name: str | None = None) -> ModelC
     evals = read_json(out_dir / "eval.json") if (out_dir / "eval.json").is_file() else None
     model_name = model_name or out_dir.resolve().name
     method = barrier.get("method", "unknown")
+    hub_sources = [str(m) for m in barrier.get("models", []) if is_hub_id(str(m))]
     card_data = ModelCardData(
-        base_model=list(barrier.get("models", [])),
+        base_model=hub_sources or None,
+        base_model_relation="merge" if hub_sources else None,
         library_name=library_name(barrier),
         pipeline_tag=PIPELINE_TAGS.get(barrier.get("task")),
         license=barrier.get("license") or None,
@@ -166,7 +183,7 @@ def render_card(out_dir: str | Path, *, model_name: str | None = None) -> ModelC
     )
     barrier_header, barrier_rows = barrier_table(barrier)
     eval_header, eval_rows = eval_table(evals) if evals else ([], [])
-    timings = barrier.get("timings") or {}
+    timings, data = barrier.get("timings") or {}, barrier.get("data") or {}
     return ModelCard.from_template(
         card_data, template_path=str(TEMPLATE),
         title=model_name,
@@ -174,7 +191,7 @@ def render_card(out_dir: str | Path, *, model_name: str | None = None) -> ModelC
         architecture=barrier.get("architecture", "unknown"),
         method=method, method_description=METHODS.get(method, method),
         merged_point=merged_point(barrier),
-        data={"spec": (barrier.get("data") or {}).get("spec", "unknown"), "detail": data_detail(barrier.get("data") or {})},
+        data={"spec": data.get("spec", "unknown"), "detail": data_detail(data)},
         settings=[f"{k}={v}" for k, v in (barrier.get("settings") or {}).items()],
         timings=", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items()
                           if isinstance(v, (int, float))),

@@ -273,7 +273,7 @@ def _chunks(text: str, size: int) -> list[str]:
         cut = None
         for match in _SAFE_CUT.finditer(text, start + size // 2, start + size):
             cut = match.start()
-        if cut is None:  # no line break in range (one huge line): cut anywhere after whitespace
+        if cut is None:  # no safe line break in range (one huge line): cut before a space
             space = text.rfind(" ", start + size // 2, start + size)
             cut = space if space > start else start + size
         pieces.append(text[start:cut])

@@ -17,6 +17,10 @@ def push_command(out_dir: Path, repo_id: str, *, exist_ok: bool, private: bool, 
     return shlex.join(words)
 
 
+def one_line(error: Exception) -> str:
+    return f"{type(error).__name__}: " + " ".join(str(error).split())  # HTTP errors span several lines
+
+
 def hub_token(token: str | None) -> str:
     from huggingface_hub import get_token
     token = token or get_token()
@@ -55,9 +59,10 @@ def push(out_dir: str | Path, repo_id: str, *, private: bool = False, revision: 
         if status in (401, 403):
             raise UserError(f"the Hub refused to create {repo_id} ({status}): the token is invalid or has no write "
                             "access to that namespace; set HF_TOKEN to a write token or run `hf auth login`") from error
-        raise UserError(f"could not create the Hub repo {repo_id}: {error}. Retry with: {first_try}") from error
-    except Exception as error:  # noqa: BLE001 - network failures: nothing was created or changed
-        raise UserError(f"could not reach the Hub to create {repo_id} ({type(error).__name__}: {error}). "
+        raise UserError(f"could not create the Hub repo {repo_id} ({one_line(error)}). "
+                        f"Retry with: {first_try}") from error
+    except Exception as error:  # noqa: BLE001 - network failures and the like: nothing was created or changed
+        raise UserError(f"could not create the Hub repo {repo_id} ({one_line(error)}). "
                         f"Retry with: {first_try}") from error
 
     try:
@@ -65,11 +70,12 @@ def push(out_dir: str | Path, repo_id: str, *, private: bool = False, revision: 
             api.create_branch(repo_id, branch=revision, exist_ok=True)
         info = api.upload_folder(
             repo_id=repo_id, folder_path=out_dir, revision=revision,
+            ignore_patterns=[".*.tmp"],  # a temp file left by a killed write_card
             commit_message=commit_message or f"hf-rebasin merge ({barrier['method']}) of "
                                              + ", ".join(map(str, barrier["models"])),
         )
     except Exception as error:  # noqa: BLE001 - any upload failure (HTTP, network, disk) gets the retry command
-        raise UserError(f"upload of {out_dir} to {repo_id} failed ({type(error).__name__}: {error}). "
+        raise UserError(f"upload of {out_dir} to {repo_id} failed ({one_line(error)}). "
                         f"{out_dir} is unchanged; retry with: {retry}") from error
     return info.commit_url
 

@@ -196,7 +196,7 @@ def check_compatible(a: Loaded, b: Loaded) -> None:
     fields = [f for f in sa.__dataclass_fields__ if f != "notes" and getattr(sa, f) != getattr(sb, f)]
     if a.adapter.library == "transformers":
         keys = ("use_parallel_residual", "hidden_act", "activation_function", "clip_qkv", "rope_parameters",
-                "rope_theta", "max_position_embeddings", "n_positions", "attention_bias", "mlp_bias")
+                "rope_theta", "max_position_embeddings", "n_positions")
         fields += [k for k in keys if getattr(a.config, k, None) != getattr(b.config, k, None)]
     else:
         args_a, args_b = a.hub_config.get("model_args", {}), b.hub_config.get("model_args", {})
@@ -219,3 +219,19 @@ def _field(loaded: Loaded, spec: Spec, field: str):
         return loaded.hub_config.get(field)
     return getattr(loaded.config, field, None)
 
+
+
+def check_same_structure(a: Graph, b: Graph, names: tuple[str, str] = ("A", "B")) -> None:
+    """Canonical graphs must have the same tensors and shapes to be aligned and interpolated
+    (e.g. LLaMA checkpoints with and without attention biases cannot)."""
+    only_a = sorted(set(a.params) - set(b.params))
+    only_b = sorted(set(b.params) - set(a.params))
+    shapes = [k for k in a.params.keys() & b.params.keys() if a.params[k].shape != b.params[k].shape]
+    problems = [f"only in {names[0]}: {', '.join(only_a[:4])}" if only_a else "",
+                f"only in {names[1]}: {', '.join(only_b[:4])}" if only_b else "",
+                "different shapes: " + ", ".join(f"{k} {tuple(a.params[k].shape)} vs {tuple(b.params[k].shape)}"
+                                                 for k in sorted(shapes)[:4]) if shapes else ""]
+    problems = [p for p in problems if p]
+    if problems:
+        raise IncompatibleModelsError("the models' canonical tensors differ (" + "; ".join(problems) +
+                                      "): they are not two checkpoints of one configuration")

@@ -83,69 +83,80 @@ def _permute_heads(x: Tensor, perm: Tensor, head_dim: int, dim: int) -> Tensor:
     return xh.index_select(dim, perm).reshape(shape)
 
 
+def transform_layer(params: dict[str, Tensor], i: int, spec: Spec, t: Transform, rotate: bool = True) -> dict[str, Tensor]:
+    """The tensors of layer i under t (head/FFN permutations, per-head maps, GLU scales and, unless
+    rotate=False, the residual rotation and scale).  Reads only layer i's keys of params."""
+    prefix = f"layers.{i}."
+    p = {k: v for k, v in params.items() if k.startswith(prefix)}
+    hd, gs = spec.head_dim, spec.group_size
+    key = lambda name: layer_key(i, name)  # noqa: E731
+    perm = t.per_layer("head_perm", i)
+    if perm is not None:
+        kv_perm = kv_perm_of(perm, gs)
+        for name, heads in (("q", perm), ("k", kv_perm), ("v", kv_perm)):
+            for suffix in ("", "_bias"):
+                if key(f"attn.{name}{suffix}") in p:
+                    p[key(f"attn.{name}{suffix}")] = _permute_heads(p[key(f"attn.{name}{suffix}")], heads, hd, -1)
+        p[key("attn.o")] = _permute_heads(p[key("attn.o")], perm, hd, 0)
+
+    q_group = torch.arange(spec.n_heads) // gs
+    kv_group = torch.arange(spec.n_kv_heads)
+    m = t.per_layer("qk_maps", i)
+    if m is not None:
+        m_inv_t = torch.linalg.inv(m).transpose(-1, -2)
+        for name, maps, groups in (("q", m, q_group), ("k", m_inv_t, kv_group)):
+            for suffix in ("", "_bias"):
+                if key(f"attn.{name}{suffix}") in p:
+                    p[key(f"attn.{name}{suffix}")] = _map_heads(p[key(f"attn.{name}{suffix}")], maps, groups, hd)
+    n = t.per_layer("ov_maps", i)
+    if n is not None:
+        for suffix in ("", "_bias"):
+            if key(f"attn.v{suffix}") in p:
+                p[key(f"attn.v{suffix}")] = _map_heads(p[key(f"attn.v{suffix}")], n, kv_group, hd)
+        o = p[key("attn.o")].reshape(spec.n_heads, hd, -1)
+        p[key("attn.o")] = torch.linalg.solve(n[q_group], o).reshape(spec.n_heads * hd, -1)
+
+    fperm = t.per_layer("ffn_perm", i)
+    s = t.per_layer("glu_scale", i)
+    for name in ("up", "gate"):
+        for suffix in ("", "_bias"):
+            k_ = key(f"mlp.{name}{suffix}")
+            if k_ not in p:
+                continue
+            if fperm is not None:
+                p[k_] = p[k_].index_select(-1, fperm)
+            if s is not None and name == "up":
+                p[k_] = p[k_] * s
+    if fperm is not None:
+        p[key("mlp.down")] = p[key("mlp.down")].index_select(0, fperm)
+    if s is not None:
+        p[key("mlp.down")] = p[key("mlp.down")] / s[:, None]
+    if rotate:
+        p = {k: rotate_residual(k, v, t) for k, v in p.items()}
+    return p
+
+
+def rotate_residual(key: str, value: Tensor, t: Transform) -> Tensor:
+    """One tensor under the residual rotation G and scale g (writes W -> W gG, reads W -> G^T W)."""
+    g_rot, g = t.rotation, t.scale
+    role = residual_role(key)
+    if role == "write":
+        value = value if g_rot is None else value @ g_rot
+        return value if isinstance(g, (int, float)) and g == 1.0 else value * g
+    if g_rot is not None and role == "read":
+        return g_rot.T @ value
+    if g_rot is not None and role == "norm_bias":
+        return value @ g_rot
+    return value
+
+
 def apply(graph: Graph, t: Transform) -> Graph:
     """The graph transformed by the group element t (an exact function-preserving rewrite)."""
-    spec, p = graph.spec, dict(graph.params)
-    hd, gs = spec.head_dim, spec.group_size
+    spec = graph.spec
+    p = {k: rotate_residual(k, v, t) for k, v in graph.params.items() if not k.startswith("layers.")}
     for i in range(spec.n_layers):
-        key = lambda name: layer_key(i, name)  # noqa: E731
-        perm = t.per_layer("head_perm", i)
-        if perm is not None:
-            kv_perm = kv_perm_of(perm, gs)
-            for name, heads in (("q", perm), ("k", kv_perm), ("v", kv_perm)):
-                p[key(f"attn.{name}")] = _permute_heads(p[key(f"attn.{name}")], heads, hd, -1)
-                if key(f"attn.{name}_bias") in p:
-                    p[key(f"attn.{name}_bias")] = _permute_heads(p[key(f"attn.{name}_bias")], heads, hd, -1)
-            p[key("attn.o")] = _permute_heads(p[key("attn.o")], perm, hd, 0)
-
-        q_group = torch.arange(spec.n_heads) // gs
-        kv_group = torch.arange(spec.n_kv_heads)
-        m = t.per_layer("qk_maps", i)
-        if m is not None:
-            m_inv_t = torch.linalg.inv(m).transpose(-1, -2)
-            for name, maps, groups in (("q", m, q_group), ("k", m_inv_t, kv_group)):
-                for suffix in ("", "_bias"):
-                    k_ = key(f"attn.{name}{suffix}")
-                    if k_ in p:
-                        p[k_] = _map_heads(p[k_], maps, groups, hd)
-        n = t.per_layer("ov_maps", i)
-        if n is not None:
-            for suffix in ("", "_bias"):
-                k_ = key(f"attn.v{suffix}")
-                if k_ in p:
-                    p[k_] = _map_heads(p[k_], n, kv_group, hd)
-            o = p[key("attn.o")].reshape(spec.n_heads, hd, -1)
-            p[key("attn.o")] = torch.linalg.solve(n[q_group], o).reshape(spec.n_heads * hd, -1)
-
-        fperm = t.per_layer("ffn_perm", i)
-        s = t.per_layer("glu_scale", i)
-        for name in ("up", "gate"):
-            for suffix in ("", "_bias"):
-                k_ = key(f"mlp.{name}{suffix}")
-                if k_ not in p:
-                    continue
-                if fperm is not None:
-                    p[k_] = p[k_].index_select(-1, fperm)
-                if s is not None and name == "up":
-                    p[k_] = p[k_] * s
-        if fperm is not None:
-            p[key("mlp.down")] = p[key("mlp.down")].index_select(0, fperm)
-        if s is not None:
-            p[key("mlp.down")] = p[key("mlp.down")] / s[:, None]
-
-    g_rot, g = t.rotation, t.scale
-    scale_is_one = isinstance(g, (int, float)) and g == 1.0
-    if g_rot is not None or not scale_is_one:
-        for k_, value in list(p.items()):
-            role = residual_role(k_)
-            if role == "write":
-                value = value if g_rot is None else value @ g_rot
-                p[k_] = value * g
-            elif role == "read" and g_rot is not None:
-                p[k_] = g_rot.T @ value
-            elif role == "norm_bias" and g_rot is not None:
-                p[k_] = value @ g_rot
-    eps = graph.norm_eps * float(g) ** 2  # norm(g x) with eps g^2 equals norm(x) with eps, exactly
+        p.update(transform_layer(graph.params, i, spec, t))
+    eps = graph.norm_eps * float(t.scale) ** 2  # norm(g x) with eps g^2 equals norm(x) with eps, exactly
     return graph.replace(p, norm_eps=eps)
 
 

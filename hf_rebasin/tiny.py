@@ -80,8 +80,25 @@ def build_tiny(kind: str, seed: int = 0) -> torch.nn.Module:
     return model.eval()
 
 
+def tiny_tokenizer(vocab_size: int = 97):
+    """A deterministic character-level tokenizer (the most frequent characters of a few stdlib modules'
+    source, then <unk>) whose vocabulary fits the tiny LMs, so that they can be run on real text."""
+    import collections
+    import difflib
+    import inspect
+    import json
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+    counts = collections.Counter("".join(inspect.getsource(m) for m in (json, difflib, inspect)))
+    chars = sorted(counts, key=lambda c: (-counts[c], c))[: vocab_size - 2]
+    vocab = {"<unk>": 0, "<|endoftext|>": 1, **{c: k + 2 for k, c in enumerate(chars)}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.decoder = decoders.BPEDecoder()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>")
+
+
 def make_tiny(kind: str, path: str | Path, seed: int = 0) -> Path:
-    """Write a tiny random model of the given kind to path (Hub layout) and return the path."""
+    """Write a tiny random model of the given kind to path (Hub layout, LMs with a tokenizer)."""
     path = Path(path)
     model = build_tiny(kind, seed)
     if kind in VIT_CONFIGS:
@@ -89,6 +106,7 @@ def make_tiny(kind: str, path: str | Path, seed: int = 0) -> Path:
         save_for_hf(model, str(path), model_args=VIT_CONFIGS[kind], safe_serialization=True)
     else:
         model.save_pretrained(path, safe_serialization=True)
+        tiny_tokenizer(LM_CONFIGS[kind][1]["vocab_size"]).save_pretrained(path)
     return path
 
 

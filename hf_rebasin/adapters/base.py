@@ -1,7 +1,7 @@
 """What an adapter is: plain functions from a checkpoint's state dict to the canonical graph and back."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -21,6 +21,9 @@ class Adapter:
     spec: Callable[[Any], Spec]  # config -> Spec
     to_canonical: Callable[[dict[str, Tensor], Any], Graph]  # (state_dict, config) -> Graph
     from_canonical: Callable[[Graph, Any], tuple[dict[str, Tensor], dict]]  # -> (state_dict, config changes)
+    # module paths (with {i} for the layer) whose INPUT is: the residual stream entering layer i ("block"),
+    # the concatenated head outputs ("attn_out"), the FFN hidden activations ("ffn_hidden") -- for activation matching
+    modules: dict[str, str] = field(default_factory=dict)
 
 
 class StateReader:

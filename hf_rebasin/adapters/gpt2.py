@@ -67,4 +67,9 @@ def from_canonical(graph: Graph, config):
     return sd, {"layer_norm_epsilon": graph.norm_eps, "tie_word_embeddings": False}
 
 
-ADAPTER = Adapter("GPT2LMHeadModel", "transformers", spec, to_canonical, from_canonical)
+MODULES = {"block": "transformer.h.{i}",
+           "attn_out": "transformer.h.{i}.attn.c_proj",
+           "ffn_hidden": "transformer.h.{i}.mlp.c_proj",
+           "final": "transformer.ln_f"}
+
+ADAPTER = Adapter("GPT2LMHeadModel", "transformers", spec, to_canonical, from_canonical, modules=MODULES)

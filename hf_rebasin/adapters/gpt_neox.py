@@ -78,4 +78,9 @@ def from_canonical(graph: Graph, config):
     return sd, changes
 
 
-ADAPTER = Adapter("GPTNeoXForCausalLM", "transformers", spec, to_canonical, from_canonical)
+MODULES = {"block": "gpt_neox.layers.{i}",
+           "attn_out": "gpt_neox.layers.{i}.attention.dense",
+           "ffn_hidden": "gpt_neox.layers.{i}.mlp.dense_4h_to_h",
+           "final": "gpt_neox.final_layer_norm"}
+
+ADAPTER = Adapter("GPTNeoXForCausalLM", "transformers", spec, to_canonical, from_canonical, modules=MODULES)

@@ -12,6 +12,8 @@ from .base import Adapter, StateReader, linear_in
 PROJECTIONS = {"attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj", "attn.v": "self_attn.v_proj",
                "mlp.up": "mlp.up_proj", "mlp.gate": "mlp.gate_proj"}
 WRITES = {"attn.o": "self_attn.o_proj", "mlp.down": "mlp.down_proj"}
+LLAMA_MODULES = {"block": "model.layers.{i}", "attn_out": "model.layers.{i}.self_attn.o_proj",
+                 "ffn_hidden": "model.layers.{i}.mlp.down_proj", "final": "model.norm"}
 NORM_BEFORE = {"attn": "input_layernorm", "mlp": "post_attention_layernorm"}
 
 
@@ -84,4 +86,5 @@ def from_canonical(graph: Graph, config):
     return sd, {"rms_norm_eps": graph.norm_eps, "tie_word_embeddings": False}
 
 
-ADAPTER = Adapter("LlamaForCausalLM", "transformers", spec, to_canonical, from_canonical)
+ADAPTER = Adapter("LlamaForCausalLM", "transformers", spec, to_canonical, from_canonical,
+                  modules=LLAMA_MODULES)

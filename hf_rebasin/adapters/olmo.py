@@ -29,4 +29,5 @@ def from_canonical(graph: Graph, config):
     return llama.llama_like_from_canonical(graph, norm_gains=False), {"tie_word_embeddings": False}
 
 
-ADAPTER = Adapter("OlmoForCausalLM", "transformers", spec, to_canonical, from_canonical)
+ADAPTER = Adapter("OlmoForCausalLM", "transformers", spec, to_canonical, from_canonical,
+                  modules=llama.LLAMA_MODULES)

@@ -129,4 +129,8 @@ def from_canonical(graph: Graph, model):
     return sd, {}
 
 
-ADAPTER = Adapter("VisionTransformer", "timm", spec, to_canonical, from_canonical)
+MODULES = {"block": "blocks.{i}",
+           "attn_out": "blocks.{i}.attn.proj",
+           "ffn_hidden": "blocks.{i}.mlp.fc2"}
+
+ADAPTER = Adapter("VisionTransformer", "timm", spec, to_canonical, from_canonical, modules=MODULES)

@@ -1,0 +1,384 @@
+"""``hf-rebasin eval``: zero-shot lm-eval scores of a merged language model (and its endpoints).
+
+Li & Shen report PIQA, SciQ and ARC-Easy zero-shot accuracy of merged Pythia models; this command runs
+those (or any lm-eval task) through lm-eval's Python API on the merged model held in memory, writes
+``DIR/eval.json`` and refreshes the model card with the table."""
+from __future__ import annotations
+
+import difflib
+import importlib
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Sequence
+
+from .cli import UserError
+
+DEFAULT_TASKS = ("piqa", "sciq", "arc_easy")
+DEFAULT_BATCH_SIZE = 8
+NUM_FEWSHOT = 0
+EVAL_FILE = "eval.json"
+OFFLINE_HINT = ("If you are offline, either set HF_DATASETS_OFFLINE=1 with the dataset already in the "
+                "datasets cache (HF_DATASETS_CACHE), or pass --include-path with a folder of task YAMLs "
+                "whose dataset_path/data_files point at local files")
+
+
+@dataclass
+class TaskSet:
+    """Validated lm-eval tasks with their data loaded: built once, evaluated on every model."""
+    names: list[str]
+    manager: Any  # lm_eval.tasks.TaskManager
+    objects: list = field(default_factory=list)  # top-level lm-eval Task / Group objects
+
+
+@dataclass
+class Outcome:
+    metrics: dict[str, dict[str, float | None]]
+    samples: dict[str, int]
+    seconds: float
+
+
+# --- tasks ----------------------------------------------------------------------------------------
+
+def parse_task_names(text: str | Sequence[str]) -> list[str]:
+    parts = text.split(",") if isinstance(text, str) else list(text)
+    names = list(dict.fromkeys(p.strip() for p in parts if p.strip()))
+    if not names:
+        raise UserError("no task given: pass --tasks with comma-separated lm-eval task names, e.g. piqa,sciq,arc_easy")
+    return names
+
+
+def include_paths(include_path: str | Path | Sequence[str | Path] | None) -> tuple[str, ...]:
+    if include_path is None:
+        return ()
+    raw = [include_path] if isinstance(include_path, (str, Path)) else list(include_path)
+    paths = []
+    for path in raw:
+        if not Path(path).is_dir():
+            raise UserError(f"--include-path {path} is not a folder: pass the folder that holds your lm-eval task YAMLs")
+        paths.append(str(Path(path).resolve()))
+    return tuple(paths)
+
+
+@lru_cache(maxsize=4)
+def task_manager(paths: tuple[str, ...], include_defaults: bool):
+    from lm_eval.tasks import TaskManager
+    return TaskManager(include_path=list(paths) or None, include_defaults=include_defaults)
+
+
+def is_plain_task(manager, name: str) -> bool:
+    from lm_eval.tasks._index import Kind
+    entry = manager.task_index.get(name)
+    return entry is not None and entry.kind in (Kind.TASK, Kind.PY_TASK)
+
+
+def choose_task_manager(names: list[str], paths: tuple[str, ...]):
+    """The include-path tasks alone when they cover every name (indexing lm-eval's ~15k built-in
+    task files takes seconds); otherwise the built-in tasks plus the include path."""
+    if paths:
+        local = task_manager(paths, False)
+        if all(is_plain_task(local, name) for name in names):
+            return local
+    return task_manager(paths, True)
+
+
+def unknown_task_message(unknown: list[str], manager, paths: tuple[str, ...]) -> str:
+    lines = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, manager.all_tasks, n=5, cutoff=0.6)
+        lines.append(f"unknown lm-eval task {name!r}" + (f" (did you mean: {', '.join(close)}?)" if close else ""))
+    where = "lm-eval's built-in tasks" + (f" and {', '.join(paths)}" if paths else "")
+    return ("; ".join(lines) + f". Searched {where}. See the available tasks with `lm-eval ls tasks`"
+            + (" --include_path ..." if paths else "")
+            + ", or pass --include-path with a folder of task YAMLs (files that fail to parse are skipped)")
+
+
+def leaf_names(loaded: dict) -> list[str]:
+    return list(loaded["tasks"])
+
+
+def top_level(loaded: dict) -> list:
+    """The requested objects of a TaskManager.load result: groups that are nobody's child, and tasks
+    outside every group (so lm-eval still aggregates groups)."""
+    children = {child for kids in loaded.get("group_map", {}).values() for child in kids}
+    groups = [g for name, g in loaded.get("groups", {}).items() if name not in children]
+    grouped = {t.task_name for g in loaded.get("groups", {}).values() for t in g.get_all_tasks()}
+    return groups + [t for name, t in loaded["tasks"].items() if name not in grouped]
+
+
+def load_task(manager, name: str) -> dict:
+    try:
+        return manager.load([name])
+    except (ConnectionError, FileNotFoundError, TimeoutError) as error:
+        raise UserError(f"the data of lm-eval task {name!r} could not be fetched ({type(error).__name__}: {error}). "
+                        f"{OFFLINE_HINT}") from error
+    except UserError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a broken task config is the user's input
+        raise UserError(f"could not build lm-eval task {name!r}: {type(error).__name__}: {error}") from error
+
+
+def prepare_tasks(tasks: str | Sequence[str], include_path=None) -> TaskSet:
+    """Check the task names and load their data, before any model is loaded."""
+    names = parse_task_names(tasks)
+    paths = include_paths(include_path)
+    manager = choose_task_manager(names, paths)
+    unknown = [n for n in names if n not in manager.all_tasks and not (n.endswith((".yaml", ".yml")) and Path(n).is_file())]
+    if unknown:
+        raise UserError(unknown_task_message(unknown, manager, paths))
+    objects, owner = [], {}
+    for name in names:
+        loaded = load_task(manager, name)
+        for leaf in leaf_names(loaded):
+            if leaf in owner:
+                raise UserError(f"lm-eval task {leaf!r} is requested twice (through {owner[leaf]!r} and {name!r}); "
+                                "drop one of them from --tasks")
+            owner[leaf] = name
+        objects += top_level(loaded)
+    return TaskSet(names, manager, objects)
+
+
+# --- models ---------------------------------------------------------------------------------------
+
+def check_language_model(source: str) -> None:
+    from .models import library_of, read_config_json
+    if library_of(read_config_json(source)) == "timm":
+        raise UserError(f"{source} is a timm image model; lm-eval is for language models (causal LMs) only. "
+                        "Image merges are scored by their accuracy in barrier.json")
+
+
+def pick_device(device: str | None) -> str:
+    import torch
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but torch sees no CUDA GPU: use --device cpu")
+    return device
+
+
+def load_language_model(source: str, device: str):
+    from transformers import AutoTokenizer
+    from .models import load
+    check_language_model(source)
+    model = load(source).model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, TypeError) as error:
+        raise UserError(f"{source} has no usable tokenizer ({type(error).__name__}: {error}); lm-eval needs one: "
+                        "save the tokenizer of the source models into the folder") from error
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise UserError(f"the tokenizer of {source} has {len(tokenizer)} tokens but the model's embedding only {rows} "
+                        "rows: the folder holds a tokenizer of a different model")
+    return model.to(device).eval(), tokenizer
+
+
+class _DropPretrainedWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`pretrained` model kwarg is not of type `str`" not in record.getMessage()
+
+
+def clean_metrics(task_results: dict) -> dict[str, float | None]:
+    """lm-eval's 'acc,none' keys as 'acc' (other filters keep their suffix); numbers only, 'N/A' as None.
+    (The example count, lm-eval's 'sample_len', goes to eval.json's "samples" instead.)"""
+    metrics: dict[str, float | None] = {}
+    for key, value in task_results.items():
+        if key in ("alias", "sample_len"):
+            continue
+        name = key[: -len(",none")] if key.endswith(",none") else key
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            metrics[name] = float(value)
+        elif name.endswith("_stderr"):
+            metrics[name] = None
+    return metrics
+
+
+def evaluate_model(model, tokenizer, task_set: TaskSet, *, limit: int | None, batch_size: int | str) -> Outcome:
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    start = time.perf_counter()
+    hf_logger = logging.getLogger("lm_eval.models.huggingface")
+    quiet = _DropPretrainedWarning()
+    hf_logger.addFilter(quiet)
+    try:
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    finally:
+        hf_logger.removeFilter(quiet)
+    results = lm_eval.simple_evaluate(model=lm, tasks=list(task_set.objects), num_fewshot=NUM_FEWSHOT,
+                                      limit=limit, task_manager=task_set.manager, log_samples=False)
+    metrics = {task: clean_metrics(values) for task, values in results["results"].items()}
+    samples = {task: int(n.get("effective", n.get("original", 0))) for task, n in results.get("n-samples", {}).items()}
+    return Outcome(metrics, samples, time.perf_counter() - start)
+
+
+def evaluate_source(source: str, task_set: TaskSet, *, limit=None, batch_size=DEFAULT_BATCH_SIZE,
+                    device=None) -> Outcome:
+    model, tokenizer = load_language_model(source, pick_device(device))
+    return evaluate_model(model, tokenizer, task_set, limit=limit, batch_size=batch_size)
+
+
+def run_eval(model_dir_or_source: str | Path, tasks: str | Sequence[str] | TaskSet = DEFAULT_TASKS, *,
+             limit: int | None = None, batch_size: int | str = DEFAULT_BATCH_SIZE, device: str | None = None,
+             include_path=None) -> dict[str, dict[str, float | None]]:
+    """Zero-shot lm-eval metrics {task: {"acc": ..., "acc_stderr": ..., ...}} of one causal LM
+    (a local folder or a Hub id)."""
+    source = str(model_dir_or_source)
+    check_language_model(source)
+    task_set = tasks if isinstance(tasks, TaskSet) else prepare_tasks(tasks, include_path)
+    return evaluate_source(source, task_set, limit=limit, batch_size=batch_size, device=device).metrics
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+def read_merge_output(out_dir: Path) -> dict:
+    barrier_file = out_dir / "barrier.json"
+    if not out_dir.is_dir() or not barrier_file.is_file():
+        raise UserError(f"{out_dir} is not an hf-rebasin merge output (it has no barrier.json): pass the folder "
+                        "written by `hf-rebasin merge`, or use the Python API hf_rebasin.evals.run_eval for any model")
+    try:
+        barrier = json.loads(barrier_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UserError(f"{barrier_file} is not valid JSON ({error}); re-run `hf-rebasin merge`") from error
+    task = barrier.get("task")
+    if task != "causal-lm":
+        raise UserError(f"{out_dir} holds a {task or 'non-language'} merge ({barrier.get('architecture', '?')}); "
+                        "lm-eval is for language models (causal LMs) only")
+    return barrier
+
+
+def endpoint_labels(sources: list) -> list[str]:
+    return [chr(ord("A") + i) if i < 26 else f"M{i}" for i in range(len(sources))]
+
+
+def versions() -> dict[str, str | None]:
+    found = {}
+    for package in ("lm_eval", "hf-rebasin", "torch", "transformers", "datasets"):
+        try:
+            found[package.replace("-", "_")] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package.replace("-", "_")] = None
+    return found
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            json.dump(data, stream, indent=2)
+            stream.write("\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; eval.json is an ordinary file
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def format_value(metrics: dict, metric: str) -> str:
+    value = metrics.get(metric)
+    if value is None:
+        return "-"
+    stderr = metrics.get(f"{metric}_stderr")
+    return f"{value:.4f}" + (f" ± {stderr:.4f}" if stderr is not None else "")
+
+
+def results_table(results: dict[str, dict]) -> str:
+    labels = list(results)
+    tasks = list(dict.fromkeys(t for label in labels for t in results[label]))
+    rows = [["task", "metric"] + labels]
+    for task in tasks:
+        metrics = list(dict.fromkeys(m for label in labels for m in results[label].get(task, {})
+                                     if not m.endswith("_stderr")))
+        for metric in metrics:
+            rows.append([task, metric] + [format_value(results[label].get(task, {}), metric) for label in labels])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def refresh_card(out_dir: Path) -> bool:
+    try:
+        cards = importlib.import_module("hf_rebasin.cards")
+    except ModuleNotFoundError as error:
+        if error.name == "hf_rebasin.cards":
+            return False
+        raise
+    cards.write_card(out_dir)
+    return True
+
+
+def parse_batch_size(text: str) -> int | str:
+    if text == "auto" or text.startswith("auto:"):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UserError(f"--batch-size {text!r} must be a positive integer or 'auto'")
+    return value
+
+
+def command(args) -> int:
+    out_dir = Path(args.dir)
+    barrier = read_merge_output(out_dir)
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit {args.limit} must be a positive number of examples per task")
+    batch_size = parse_batch_size(str(args.batch_size))
+    device = pick_device(args.device)
+    models = {"merged": str(out_dir)}
+    if args.endpoints:
+        sources = [str(s) for s in barrier.get("models") or []]
+        if not sources:
+            raise UserError(f"{out_dir}/barrier.json lists no source models, so --endpoints has nothing to evaluate")
+        models.update(zip(endpoint_labels(sources), sources))
+    for source in models.values():
+        check_language_model(source)
+
+    start = time.perf_counter()
+    task_set = prepare_tasks(args.tasks, args.include_path)
+    timings = {"tasks_s": round(time.perf_counter() - start, 3)}
+    results, samples = {}, {}
+    for label, source in models.items():
+        print(f"hf-rebasin eval: {label} ({source}) on {', '.join(task_set.names)}", flush=True)
+        outcome = evaluate_source(source, task_set, limit=args.limit, batch_size=batch_size, device=device)
+        results[label], samples[label] = outcome.metrics, outcome.samples
+        timings[f"{label}_s"] = round(outcome.seconds, 3)
+
+    report = {"tasks": task_set.names, "num_fewshot": NUM_FEWSHOT, "limit": args.limit, "results": results,
+              "models": models, "samples": samples,
+              "settings": {"batch_size": batch_size, "device": device, "include_path": args.include_path},
+              "versions": versions(), "timings": timings}
+    eval_file = out_dir / EVAL_FILE
+    write_json_atomic(eval_file, report)
+    print(results_table(results))
+    print(f"wrote {eval_file}")
+    if refresh_card(out_dir):
+        print(f"updated the model card {out_dir / 'README.md'}")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "eval", help="zero-shot lm-eval scores of a merged language model (and optionally its endpoints)",
+        description="Zero-shot lm-eval scores (default: PIQA, SciQ, ARC-Easy) of a merged language model, "
+                    "written to DIR/eval.json and added to the model card.")
+    parser.add_argument("dir", metavar="DIR", help="a merge output folder (written by `hf-rebasin merge`)")
+    parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
+                        help="comma-separated lm-eval task names (default: %(default)s)")
+    parser.add_argument("--endpoints", action="store_true",
+                        help="also evaluate the source models listed in barrier.json (columns A, B, ...)")
+    parser.add_argument("--limit", type=int, default=None, help="at most N examples per task (for quick checks)")
+    parser.add_argument("--batch-size", default=str(DEFAULT_BATCH_SIZE),
+                        help="batch size, or 'auto' (default: %(default)s)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="where to run the model (default: cuda when available)")
+    parser.add_argument("--include-path", default=None, metavar="PATH",
+                        help="folder of extra lm-eval task YAMLs (e.g. local copies of tasks for offline use)")
+    parser.set_defaults(func=command)

@@ -1,0 +1,70 @@
+"""Closed-form pieces of matching: Procrustes, linear assignment, balanced factorisations."""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor
+
+
+def procrustes(m: Tensor) -> Tensor:
+    """argmax over orthogonal G of tr(G^T m)."""
+    u, _, vh = torch.linalg.svd(m.double())
+    return (u @ vh).to(m.dtype)
+
+
+@lru_cache(maxsize=8)
+def ones_complement(d: int) -> Tensor:
+    """An orthonormal basis (d, d-1) of the subspace orthogonal to the all-ones vector."""
+    basis, _ = torch.linalg.qr(torch.cat([torch.ones(d, 1, dtype=torch.float64),
+                                          torch.eye(d, dtype=torch.float64)[:, : d - 1]], dim=1))
+    return basis[:, 1:]
+
+
+def procrustes_fixing_ones(m: Tensor) -> Tensor:
+    """argmax over orthogonal G with G·1 = ±1 of tr(G^T m) (the LayerNorm-export constraint)."""
+    d = m.shape[0]
+    q = ones_complement(d)
+    m64 = m.double()
+    inner = procrustes(q.T @ m64 @ q)
+    ones = torch.full((d, 1), 1 / math.sqrt(d), dtype=torch.float64)
+    sign = 1.0 if float(ones.T @ m64 @ ones) >= 0 else -1.0
+    return (q @ inner @ q.T + sign * ones @ ones.T).to(m.dtype)
+
+
+def assignment(score: Tensor) -> Tensor:
+    """perm maximising sum_j score[j, perm[j]]: row j of A is matched with column perm[j] of B."""
+    rows, cols = linear_sum_assignment(score.detach().double().cpu().numpy(), maximize=True)
+    perm = np.empty(len(rows), dtype=np.int64)
+    perm[rows] = cols
+    return torch.from_numpy(perm)
+
+
+def best_permutation_matrix(score: Tensor) -> Tensor:
+    """The permutation matrix P maximising tr(P^T score) (Git Re-Basin's residual permutation)."""
+    perm = assignment(score)
+    p = torch.zeros_like(score)
+    p[torch.arange(len(perm)), perm] = 1.0
+    return p
+
+
+def balance(left: Tensor, right: Tensor) -> Tensor:
+    """The map M (f, f) that balances the factorisation left @ right^T of a circuit:
+    left M and right M^-T become U S^½ and V S^½ (an SVD of the circuit), so that both factors carry
+    the same singular values.  Computed from thin QRs, never forming the (n, n) circuit."""
+    ql, rl = torch.linalg.qr(left.double())
+    qr_, rr = torch.linalg.qr(right.double())
+    u, s, _ = torch.linalg.svd(rl @ rr.T)
+    s = s.clamp_min(s.max() * 1e-12 if s.numel() else 0.0)
+    m = torch.linalg.solve_triangular(rl, u * s.sqrt(), upper=True)
+    return m.to(left.dtype)
+
+
+def rotation_2d(x: Tensor) -> Tensor:
+    """argmax over 2-D rotations R = [[c, s], [-s, c]] of tr(R^T x), for a batch of (2, 2) x."""
+    angle = torch.atan2(x[..., 0, 1] - x[..., 1, 0], x[..., 0, 0] + x[..., 1, 1])
+    c, s = torch.cos(angle), torch.sin(angle)
+    return torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)

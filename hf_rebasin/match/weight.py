@@ -1,0 +1,279 @@
+"""Data-free weight matching over the full symmetry group (DESIGN §4), by coordinate descent:
+
+    rotation G (Procrustes)  ->  head permutations (QK/OV circuits)  ->  FFN permutations
+    ->  per-head QK/OV maps and GLU scales (closed form)  ->  G again ...
+
+Both endpoints are first brought to a canonical factorisation: every head's QK and OV circuit is
+split in balanced form (both factors carry the circuit's singular values) and every GLU unit has
+equal up/down norms.  Those maps are A's transform; B's transform adds the permutations, the
+rotation and the orthogonal freedom left inside each balanced head, fitted to A.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ..canonical import Graph, Spec, layer_key, residual_role
+from ..symmetry import Transform, rotary_pairs, rotate_residual, transform_layer
+from .linalg import (assignment, balance, best_permutation_matrix, procrustes, procrustes_fixing_ones,
+                     rotation_2d)
+
+
+# --- per-head views --------------------------------------------------------------------------
+
+def _with_bias(p: dict, i: int, name: str) -> Tensor:
+    """A read projection with its bias appended as an extra input row (the constant-1 input)."""
+    w = p[layer_key(i, f"attn.{name}")]
+    b = p.get(layer_key(i, f"attn.{name}_bias"))
+    return w if b is None else torch.cat([w, b[None]], dim=0)
+
+
+def head_factors(p: dict, i: int, spec: Spec):
+    """Q (n, H, hd), K (n, Hkv, hd), V (n, Hkv, hd), O (H, hd, d) of layer i."""
+    hd = spec.head_dim
+    q, k, v = (_with_bias(p, i, n) for n in "qkv")
+    return (q.reshape(q.shape[0], spec.n_heads, hd), k.reshape(k.shape[0], spec.n_kv_heads, hd),
+            v.reshape(v.shape[0], spec.n_kv_heads, hd), p[layer_key(i, "attn.o")].reshape(spec.n_heads, hd, -1))
+
+
+def head_scores(pa: dict, pb: dict, i: int, spec: Spec) -> Tensor:
+    """score[a, b]: similarity of query head a of A and b of B by their QK and OV circuits
+    (W_Q W_K^T and W_V W_O, invariant to the per-head maps), each term normalised by A's own size."""
+    qa, ka, va, oa = head_factors(pa, i, spec)
+    qb, kb, vb, ob = head_factors(pb, i, spec)
+    group = torch.arange(spec.n_heads) // spec.group_size
+    xq = torch.einsum("nai,nbj->abij", qa, qb)
+    xk = torch.einsum("nai,nbj->abij", ka, kb)[group][:, group]
+    xv = torch.einsum("nai,nbj->abij", va, vb)[group][:, group]
+    xo = torch.einsum("aid,bjd->abij", oa, ob)
+    qk, ov = (xq * xk).sum((2, 3)), (xv * xo).sum((2, 3))
+    qk_self = (torch.einsum("nai,naj->aij", qa, qa) * torch.einsum("nai,naj->aij", ka, ka)[group]).sum((1, 2))
+    ov_self = (torch.einsum("nai,naj->aij", va, va)[group] * torch.einsum("aid,ajd->aij", oa, oa)).sum((1, 2))
+    return qk / qk_self.sum().clamp_min(1e-30) + ov / ov_self.sum().clamp_min(1e-30)
+
+
+def match_heads(score: Tensor, spec: Spec) -> Tensor:
+    """Head permutation from scores: KV groups matched whole, query heads matched inside groups."""
+    gs, nkv = spec.group_size, spec.n_kv_heads
+    if gs == 1:
+        return assignment(score)
+    blocks = score.reshape(nkv, gs, nkv, gs).permute(0, 2, 1, 3)  # (ga, gb, a, b)
+    inner = [[assignment(blocks[ga, gb]) for gb in range(nkv)] for ga in range(nkv)]
+    value = torch.tensor([[float(blocks[ga, gb][torch.arange(gs), inner[ga][gb]].sum()) for gb in range(nkv)]
+                          for ga in range(nkv)])
+    groups = assignment(value)
+    return torch.cat([groups[ga] * gs + inner[ga][int(groups[ga])] for ga in range(nkv)])
+
+
+# --- FFN ---------------------------------------------------------------------------------------
+
+def _ffn_reads(p: dict, i: int, name: str) -> Tensor | None:
+    w = p.get(layer_key(i, f"mlp.{name}"))
+    if w is None:
+        return None
+    b = p.get(layer_key(i, f"mlp.{name}_bias"))
+    return w if b is None else torch.cat([w, b[None]], dim=0)
+
+
+def glu_balance(p: dict, i: int) -> Tensor:
+    """Per-unit scale a making ||up_u a|| = ||down_u / a|| (GLU value scaling is free)."""
+    up, down = _ffn_reads(p, i, "up"), p[layer_key(i, "mlp.down")]
+    return (down.norm(dim=1) / up.norm(dim=0).clamp_min(1e-30)).clamp_min(1e-30).sqrt()
+
+
+def ffn_scores(pa: dict, pb: dict, i: int, spec: Spec) -> Tensor:
+    up_a, up_b = _ffn_reads(pa, i, "up"), _ffn_reads(pb, i, "up")
+    down_a, down_b = pa[layer_key(i, "mlp.down")], pb[layer_key(i, "mlp.down")]
+    if spec.glu:  # compare B's units in balanced form; the sign of a GLU unit's value path is free
+        s = glu_balance(pb, i)
+        up_b, down_b = up_b * s, down_b / s[:, None]
+        gate = _ffn_reads(pa, i, "gate").T @ _ffn_reads(pb, i, "gate")
+        return gate + (up_a.T @ up_b + down_a @ down_b.T).abs()
+    return up_a.T @ up_b + down_a @ down_b.T
+
+
+def match_glu_scales(pa: dict, pb: dict, i: int) -> Tensor:
+    """B's (already permuted) unit scales: balanced, with the sign that agrees with A."""
+    s = glu_balance(pb, i)
+    up_a, up_b = _ffn_reads(pa, i, "up"), _ffn_reads(pb, i, "up") * s
+    down_a, down_b = pa[layer_key(i, "mlp.down")], pb[layer_key(i, "mlp.down")] / s[:, None]
+    agree = (up_a * up_b).sum(0) + (down_a * down_b).sum(1)
+    return torch.where(agree < 0, -s, s)
+
+
+# --- per-head maps -------------------------------------------------------------------------------
+
+def _map_dims(spec: Spec, for_qk: bool):
+    pairs = rotary_pairs(spec) if for_qk else []
+    paired = {j for pair in pairs for j in pair}
+    free = torch.tensor([j for j in range(spec.head_dim) if j not in paired], dtype=torch.long)
+    if pairs:
+        ia, ib = (torch.tensor(x, dtype=torch.long) for x in zip(*pairs))
+    else:
+        ia = ib = torch.zeros(0, dtype=torch.long)
+    return ia, ib, free
+
+
+def constrained_balance(left: Tensor, right: Tensor, dims) -> Tensor:
+    """Balance the circuit left @ right^T within the allowed maps: on RoPE pairs a scale per pair,
+    on free dims the full balanced factorisation."""
+    ia, ib, free = dims
+    hd = left.shape[1]
+    m = torch.zeros(hd, hd, dtype=left.dtype)
+    if len(ia):
+        norm = lambda x: (x[:, ia].pow(2) + x[:, ib].pow(2)).sum(0).sqrt()  # noqa: E731
+        alpha = (norm(right) / norm(left).clamp_min(1e-30)).clamp_min(1e-30).sqrt()
+        m[ia, ia], m[ib, ib] = alpha, alpha
+    if len(free):
+        m[free[:, None], free[None, :]] = balance(left[:, free], right[:, free])
+    return m
+
+
+def constrained_orthogonal(x: Tensor, dims) -> Tensor:
+    """argmax tr(O^T x) over orthogonal O within the allowed maps (2-D rotations on RoPE pairs)."""
+    ia, ib, free = dims
+    o = torch.zeros_like(x)
+    if len(ia):
+        block = torch.stack([torch.stack([x[ia, ia], x[ia, ib]], -1), torch.stack([x[ib, ia], x[ib, ib]], -1)], -2)
+        r = rotation_2d(block)
+        o[ia, ia], o[ia, ib], o[ib, ia], o[ib, ib] = r[:, 0, 0], r[:, 0, 1], r[:, 1, 0], r[:, 1, 1]
+    if len(free):
+        o[free[:, None], free[None, :]] = procrustes(x[free][:, free])
+    return o
+
+
+def _group_circuits(p: dict, i: int, spec: Spec, g: int):
+    """(left, right) factors of the QK and OV circuits of KV group g, query heads stacked."""
+    q, k, v, o = head_factors(p, i, spec)
+    heads = range(g * spec.group_size, (g + 1) * spec.group_size)
+    qk = (torch.cat([q[:, h] for h in heads]), k[:, g])
+    ov = (v[:, g], torch.cat([o[h].T for h in heads]))
+    return qk, ov
+
+
+def balance_maps(p: dict, i: int, spec: Spec) -> tuple[Tensor, Tensor]:
+    qk_dims, ov_dims = _map_dims(spec, True), _map_dims(spec, False)
+    qk, ov = [], []
+    for g in range(spec.n_kv_heads):
+        (ql, qr), (vl, vr) = _group_circuits(p, i, spec, g)
+        qk.append(constrained_balance(ql, qr, qk_dims))
+        ov.append(constrained_balance(vl, vr, ov_dims))
+    return torch.stack(qk), torch.stack(ov)
+
+
+def fit_maps(pa: dict, pb: dict, i: int, spec: Spec) -> tuple[Tensor, Tensor]:
+    """B's per-group QK and OV maps: balance, then the best orthogonal map onto A's balanced heads."""
+    qk_dims, ov_dims = _map_dims(spec, True), _map_dims(spec, False)
+    maps = {"qk": [], "ov": []}
+    for g in range(spec.n_kv_heads):
+        circuits_a, circuits_b = _group_circuits(pa, i, spec, g), _group_circuits(pb, i, spec, g)
+        for name, (la, ra), (lb, rb), dims in zip(("qk", "ov"), circuits_a, circuits_b, (qk_dims, ov_dims)):
+            m = constrained_balance(lb, rb, dims)
+            lb_m, rb_m = lb @ m, rb @ torch.linalg.inv(m).T
+            o = constrained_orthogonal(lb_m.T @ la + rb_m.T @ ra, dims)
+            maps[name].append(m @ o)
+    return torch.stack(maps["qk"]), torch.stack(maps["ov"])
+
+
+# --- residual ------------------------------------------------------------------------------
+
+def residual_cross(pa: dict, pb: dict) -> Tensor:
+    """M with tr(G^T M) = sum of <B-tensor rotated by G, A-tensor> over every residual-facing tensor."""
+    m = None
+    for key, a in pa.items():
+        role, b = residual_role(key), pb[key]
+        if role in ("write", "norm_bias"):
+            term = b.reshape(-1, b.shape[-1]).double().T @ a.reshape(-1, a.shape[-1]).double()
+        elif role == "read":
+            term = b.double() @ a.double().T
+        else:
+            continue
+        m = term if m is None else m + term
+    return m
+
+
+def solve_rotation(m: Tensor, spec: Spec, residual: str) -> Tensor:
+    if residual == "permutation":
+        return best_permutation_matrix(m).float()
+    return (procrustes_fixing_ones(m) if spec.centred else procrustes(m)).float()
+
+
+def _layer(params: dict, i: int) -> dict:
+    prefix = f"layers.{i}."
+    return {k: v for k, v in params.items() if k.startswith(prefix)}
+
+
+def _outside_layers(params: dict) -> dict:
+    return {k: v for k, v in params.items() if not k.startswith("layers.")}
+
+
+def balance_transform(graph: Graph, head_maps: bool = True, glu: bool = True) -> Transform:
+    """The canonical factorisation of one model (its transform in weight matching)."""
+    spec, t = graph.spec, Transform.identity(graph.spec)
+    for i in range(spec.n_layers):
+        p = _layer(graph.params, i)
+        if head_maps and spec.head_maps:
+            t.qk_maps[i], t.ov_maps[i] = balance_maps(p, i, spec)
+        if glu and spec.glu:
+            t.glu_scale[i] = glu_balance(p, i)
+    return t
+
+
+def relative_distance(pa: dict, b: Graph, t: Transform) -> float:
+    """sum ||A - t(B)||^2 / sum ||A||^2 over all tensors."""
+    num = den = 0.0
+    groups = [(_outside_layers(pa), {k: rotate_residual(k, v, t) for k, v in _outside_layers(b.params).items()})]
+    groups += [(_layer(pa, i), transform_layer(b.params, i, b.spec, t)) for i in range(b.spec.n_layers)]
+    for ga, gb in groups:
+        for k, a in ga.items():
+            num += float((a - gb[k]).double().pow(2).sum())
+            den += float(a.double().pow(2).sum())
+    return num / max(den, 1e-30)
+
+
+def weight_matching(a: Graph, b: Graph, *, residual: str = "orthogonal", head_maps: bool = True,
+                    max_rounds: int = 10, tol: float = 1e-4, progress: bool = True):
+    """Find (t_a, t_b) with apply(b, t_b) close to apply(a, t_a) in weight space.
+
+    residual="orthogonal" is the full group; residual="permutation" with head_maps=False is the
+    permutation-only ablation (Git Re-Basin's treatment of the residual stream)."""
+    from . import MatchResult
+    spec = a.spec
+    full = head_maps
+    t_a = balance_transform(a, head_maps=full, glu=full)
+    from ..symmetry import apply
+    pa = apply(a, t_a).params
+    t = Transform.identity(spec)
+    # Seed G from what both models index alike: embeddings (tokens, positions, patches) and the head.
+    t.rotation = solve_rotation(residual_cross(_outside_layers(pa), _outside_layers(b.params)), spec, residual)
+    log = [{"round": 0, "step": "init", "distance": relative_distance(pa, b, t)}]
+    bar = tqdm(total=max_rounds * spec.n_layers, desc="weight matching", disable=not progress, leave=False)
+    for round_ in range(1, max_rounds + 1):
+        rotated_only = Transform.identity(spec)
+        rotated_only.rotation, rotated_only.scale = t.rotation, t.scale
+        m = residual_cross(_outside_layers(pa), _outside_layers(b.params))
+        for i in range(spec.n_layers):
+            la = _layer(pa, i)
+            lb = transform_layer(b.params, i, spec, rotated_only)
+            perms = Transform.identity(spec)
+            perms.head_perm[i] = match_heads(head_scores(la, lb, i, spec), spec)
+            perms.ffn_perm[i] = assignment(ffn_scores(la, lb, i, spec))
+            lbp = transform_layer(lb, i, spec, perms, rotate=False)
+            t.head_perm[i], t.ffn_perm[i] = perms.head_perm[i], perms.ffn_perm[i]
+            if full and spec.head_maps:
+                t.qk_maps[i], t.ov_maps[i] = fit_maps(la, lbp, i, spec)
+            if full and spec.glu:
+                t.glu_scale[i] = match_glu_scales(la, lbp, i)
+            m = m + residual_cross(la, transform_layer(b.params, i, spec, t, rotate=False))
+            bar.update(1)
+        t.rotation = solve_rotation(m, spec, residual)
+        distance = relative_distance(pa, b, t)
+        log.append({"round": round_, "distance": distance})
+        bar.set_postfix(distance=f"{distance:.4f}")
+        previous = log[-2]["distance"]
+        if previous - distance <= tol * max(previous, 1e-12):
+            break
+    bar.close()
+    settings = {"residual": residual, "head_maps": full, "max_rounds": max_rounds, "tol": tol}
+    return MatchResult(t_a, t, log, settings)

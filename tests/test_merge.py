@@ -1,0 +1,212 @@
+"""hf-rebasin merge / barrier end to end on tiny models: recovery of disguised copies, the
+barrier protocol, the output folder, and bad input."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hf_rebasin import models, symmetry, tiny
+from hf_rebasin.cli import main
+from hf_rebasin.symmetry import Transform
+
+from conftest import SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "heldout.txt"
+    path.write_text((SHARED_DATA / "tinyshakespeare.txt").read_text()[:20000])
+    return path
+
+
+@pytest.fixture(scope="module")
+def image_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "images.npz"
+    gen = np.random.default_rng(0)
+    np.savez(path, images=gen.standard_normal((48, 3, 16, 16)).astype(np.float32),
+             labels=gen.integers(0, 10, 48))
+    return path
+
+
+def data_args(kind, text_file, image_file):
+    if kind in tiny.VIT_CONFIGS:
+        return ["--data", str(image_file)]
+    return ["--data", str(text_file), "--seq-len", "32", "--max-eval-tokens", "2048"]
+
+
+def disguise(source_dir, out_dir, seed, permutation_only=False):
+    """Export a random group element of the model (same class) to out_dir."""
+    loaded = models.load(source_dir)
+    graph = models.canonicalise(loaded)
+    t = symmetry.random_transform(graph.spec, seed=seed, scale=1.0)
+    if permutation_only:
+        perm = torch.randperm(graph.spec.d_model, generator=torch.Generator().manual_seed(seed))
+        t = Transform(torch.eye(graph.spec.d_model)[perm], 1.0, t.head_perm, [None] * len(t.head_perm),
+                      [None] * len(t.head_perm), t.ffn_perm, [None] * len(t.head_perm))
+    models.export(symmetry.apply(graph, t), loaded, out_dir)
+    return out_dir
+
+
+@pytest.mark.parametrize("kind", tiny.KINDS)
+def test_weight_matching_recovers_a_disguised_copy(kind, tiny_dirs, tmp_path, text_file, image_file):
+    original = tiny_dirs[kind]
+    twin = disguise(original, tmp_path / "twin", seed=13)
+    x = tiny.example_inputs(kind, seed=4)
+    reference = tiny.outputs(models.load(original).model, x)
+    assert (tiny.outputs(models.load(twin).model, x) - reference).abs().max() < 1e-4  # same function ...
+    raw = _barrier(original, twin, "raw", kind, text_file, image_file, tmp_path, "--lambdas", "3")
+    assert abs(raw["loss"][1] - raw["loss"][0]) > 1e-2  # ... different weights: the plain average is another model
+    assert main(["merge", str(original), str(twin), "--method", "wm", "--out", str(tmp_path / "merged"),
+                 *data_args(kind, text_file, image_file)]) == 0
+    report = json.loads((tmp_path / "merged" / "barrier.json").read_text())
+    assert report["barrier"] < 1e-3
+    assert max(abs(loss - report["loss"][0]) for loss in report["loss"]) < 1e-4  # flat path
+    merged = models.load(tmp_path / "merged").model
+    assert (tiny.outputs(merged, x) - reference).abs().max() < 1e-4
+
+
+def _barrier(a, b, method, kind, text_file, image_file, tmp_path, *extra):
+    out = tmp_path / f"{method}.json"
+    assert main(["barrier", str(a), str(b), "--method", method, "--json", str(out),
+                 *data_args(kind, text_file, image_file), *extra]) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("kind", ["gpt_neox", "llama_gqa_tied", "vit"])
+def test_activation_matching_recovers_a_permuted_copy(kind, tiny_dirs, tmp_path, text_file, image_file):
+    twin = disguise(tiny_dirs[kind], tmp_path / "twin", seed=21, permutation_only=True)
+    report = _barrier(tiny_dirs[kind], twin, "am", kind, text_file, image_file, tmp_path)
+    assert report["barrier"] < 1e-3
+    wm_perm = _barrier(tiny_dirs[kind], twin, "wm-perm", kind, text_file, image_file, tmp_path)
+    assert wm_perm["barrier"] < 1e-3
+
+
+def test_merge_output_and_protocol(tiny_dirs, tmp_path, text_file):
+    from transformers import AutoTokenizer
+    a, b = tiny_dirs["gpt_neox"], tmp_path / "b"
+    tiny.make_tiny("gpt_neox", b, seed=2)
+    out = tmp_path / "merged"
+    assert main(["merge", str(a), str(b), "--method", "wm", "--out", str(out), "--alpha", "0.3",
+                 "--data", str(text_file), "--seq-len", "32", "--max-eval-tokens", "2048"]) == 0
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "barrier.json", "barrier.png",
+                 "transforms.safetensors"):
+        assert (out / name).is_file(), name
+    report = json.loads((out / "barrier.json").read_text())
+    assert report["lambdas"] == [k / 10 for k in range(11)] and len(report["loss"]) == 11
+    assert report["data"]["tokens"] == 2048 and report["data"]["seq_len"] == 32
+    assert report["perplexity"] == pytest.approx([math.exp(v) for v in report["loss"]])
+    ends = report["endpoint_loss"]
+    excess = [l - ((1 - lam) * ends[0] + lam * ends[1]) for lam, l in zip(report["lambdas"], report["loss"])]
+    assert report["barrier"] == pytest.approx(max(excess))
+    assert report["command"].startswith("hf-rebasin merge ")
+    # the merged model measured independently, with the same protocol (α = 0.3 is on the grid)
+    from hf_rebasin.barrier import EvalData, evaluate
+    from hf_rebasin.data import load_token_windows
+    windows, _ = load_token_windows(str(text_file), AutoTokenizer.from_pretrained(out), 32, 2048)
+    loss = evaluate(models.load(out).model, EvalData("causal-lm", windows))["loss"]
+    assert abs(loss - report["merged_loss"]) < 1e-3 and abs(loss - report["loss"][3]) < 1e-3
+    # endpoint A of the path is model A itself
+    loss_a = evaluate(models.load(a).model, EvalData("causal-lm", windows))["loss"]
+    assert abs(loss_a - report["loss"][0]) < 1e-4
+    # the transforms reproduce the aligned models
+    from safetensors.torch import load_file
+    tensors = load_file(out / "transforms.safetensors")
+    spec = models.canonicalise(models.load(a)).spec
+    t_b = Transform.from_tensors({k[2:]: v for k, v in tensors.items() if k.startswith("b.")}, spec)
+    assert t_b.rotation.shape == (spec.d_model, spec.d_model) and len(t_b.head_perm) == spec.n_layers
+
+
+def test_alpha_off_grid_is_evaluated(tiny_dirs, tmp_path, text_file):
+    b = tiny.make_tiny("gpt2", tmp_path / "b", seed=3)
+    assert main(["merge", str(tiny_dirs["gpt2"]), str(b), "--out", str(tmp_path / "m"), "--alpha", "0.25",
+                 "--data", str(text_file), "--seq-len", "32", "--max-eval-tokens", "1024"]) == 0
+    report = json.loads((tmp_path / "m" / "barrier.json").read_text())
+    from hf_rebasin.barrier import EvalData, evaluate
+    from hf_rebasin.data import load_token_windows
+    from transformers import AutoTokenizer
+    windows, _ = load_token_windows(str(text_file), AutoTokenizer.from_pretrained(tmp_path / "m"), 32, 1024)
+    assert abs(evaluate(models.load(tmp_path / "m").model, EvalData("causal-lm", windows))["loss"]
+               - report["merged_loss"]) < 1e-3
+
+
+# --- bad input -------------------------------------------------------------------------------------
+
+def run_cli(args, capsys):
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
+def test_bad_inputs(tiny_dirs, tmp_path, text_file, capsys):
+    common = ["--data", str(text_file), "--seq-len", "32", "--max-eval-tokens", "1024"]
+    out = str(tmp_path / "out")
+    neox, gpt2 = str(tiny_dirs["gpt_neox"]), str(tiny_dirs["gpt2"])
+    code, err = run_cli(["merge", neox, gpt2, "--out", out, *common], capsys)
+    assert code == 2 and "different architectures" in err
+    import transformers
+    wide = transformers.GPTNeoXConfig(**{**tiny.LM_CONFIGS["gpt_neox"][1], "intermediate_size": 80})
+    transformers.GPTNeoXForCausalLM(wide).save_pretrained(tmp_path / "wide")
+    code, err = run_cli(["merge", neox, str(tmp_path / "wide"), "--out", out, *common], capsys)
+    assert code == 2 and "ffn_dim: 64 vs 80" in err
+    # same shapes, different tokenizer
+    (tmp_path / "vocab").mkdir()
+    models.load(neox).model.save_pretrained(tmp_path / "vocab")
+    tok = tiny.tiny_tokenizer(97)
+    tok.add_tokens(["zzz"])  # shifts nothing, but adds an entry B lacks
+    tok.save_pretrained(tmp_path / "vocab")
+    code, err = run_cli(["merge", neox, str(tmp_path / "vocab"), "--out", out, *common], capsys)
+    assert code == 2 and "tokenizers" in err and "differ" in err
+    # unsupported
+    olmo2 = transformers.Olmo2Config(hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
+                                     intermediate_size=32, vocab_size=97, pad_token_id=1, bos_token_id=None,
+                                     eos_token_id=2)
+    transformers.Olmo2ForCausalLM(olmo2).save_pretrained(tmp_path / "olmo2")
+    code, err = run_cli(["merge", str(tmp_path / "olmo2"), str(tmp_path / "olmo2"), "--out", out, *common], capsys)
+    assert code == 2 and "Olmo2ForCausalLM is not supported" in err
+    # non-finite weights
+    broken = tiny.build_tiny("gpt_neox", seed=1)
+    with torch.no_grad():
+        broken.gpt_neox.layers[0].mlp.dense_h_to_4h.weight[3, 3] = float("inf")
+    broken.save_pretrained(tmp_path / "inf")
+    tiny.tiny_tokenizer(97).save_pretrained(tmp_path / "inf")
+    code, err = run_cli(["merge", neox, str(tmp_path / "inf"), "--out", out, *common], capsys)
+    assert code == 2 and "non-finite" in err
+    # empty and too-short data
+    (tmp_path / "empty.txt").write_text("")
+    code, err = run_cli(["merge", neox, neox, "--out", out, "--data", str(tmp_path / "empty.txt")], capsys)
+    assert code == 2 and "no text" in err
+    (tmp_path / "short.txt").write_text("to be or not")
+    code, err = run_cli(["merge", neox, neox, "--out", out, "--data", str(tmp_path / "short.txt"),
+                         "--seq-len", "32"], capsys)
+    assert code == 2 and "tokens" in err
+    # a method name that does not exist
+    code, err = run_cli(["merge", neox, neox, "--out", out, "--method", "magic", *common], capsys)
+    assert code == 2 and "unknown --method" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_out_needs_force(tiny_dirs, tmp_path, text_file, capsys):
+    common = ["--data", str(text_file), "--seq-len", "32", "--max-eval-tokens", "1024"]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    neox = str(tiny_dirs["gpt_neox"])
+    code, err = run_cli(["merge", neox, neox, "--out", str(out), *common], capsys)
+    assert code == 2 and "already exists" in err and "--force" in err
+    assert (out / "keep.txt").read_text() == "mine"
+    assert main(["merge", neox, neox, "--out", str(out), "--force", *common]) == 0
+    assert not (out / "keep.txt").exists() and (out / "barrier.json").exists()
+
+
+def test_interrupt_leaves_nothing_half_written(tiny_dirs, tmp_path, text_file, monkeypatch):
+    from hf_rebasin import merge as merge_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(merge_module, "plot_path", interrupted)  # after the model files are written
+    neox = str(tiny_dirs["gpt_neox"])
+    code = main(["merge", neox, neox, "--out", str(tmp_path / "out"), "--data", str(text_file),
+                 "--seq-len", "32", "--max-eval-tokens", "1024"])
+    assert code == 130
+    assert list(tmp_path.iterdir()) == []  # neither DIR nor its temporary sibling
