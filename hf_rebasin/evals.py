@@ -99,10 +99,6 @@ def unknown_task_message(unknown: list[str], manager, paths: tuple[str, ...]) ->
             + ", or pass --include-path with a folder of task YAMLs (files that fail to parse are skipped)")
 
 
-def leaf_names(loaded: dict) -> list[str]:
-    return list(loaded["tasks"])
-
-
 def top_level(loaded: dict) -> list:
     """The requested objects of a TaskManager.load result: groups that are nobody's child, and tasks
     outside every group (so lm-eval still aggregates groups)."""
@@ -115,7 +111,7 @@ def top_level(loaded: dict) -> list:
 def load_task(manager, name: str) -> dict:
     try:
         return manager.load([name])
-    except (ConnectionError, FileNotFoundError, TimeoutError) as error:
+    except OSError as error:  # ConnectionError, FileNotFoundError, DatasetNotFoundError, timeouts
         raise UserError(f"the data of lm-eval task {name!r} could not be fetched ({type(error).__name__}: {error}). "
                         f"{OFFLINE_HINT}") from error
     except UserError:
@@ -135,7 +131,7 @@ def prepare_tasks(tasks: str | Sequence[str], include_path=None) -> TaskSet:
     objects, owner = [], {}
     for name in names:
         loaded = load_task(manager, name)
-        for leaf in leaf_names(loaded):
+        for leaf in loaded["tasks"]:
             if leaf in owner:
                 raise UserError(f"lm-eval task {leaf!r} is requested twice (through {owner[leaf]!r} and {name!r}); "
                                 "drop one of them from --tasks")

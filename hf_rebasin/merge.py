@@ -20,7 +20,7 @@ from . import __version__
 from .barrier import EvalData, evaluate, evaluate_path, plot_path
 from .canonical import interpolate
 from .cli import UserError
-from .match import DESCRIPTIONS, METHODS, NEEDS_DATA
+from .match import DESCRIPTIONS, LEARNED, METHODS, NEEDS_DATA
 from .models import Loaded, canonicalise, check_compatible, check_same_structure, instantiate, load, save
 from .symmetry import apply
 
@@ -141,6 +141,8 @@ def align(args, progress: bool = True):
             match_spec, a, seq_len=args.seq_len, max_tokens=args.max_eval_tokens,
             max_examples=args.max_eval_examples, text_field=args.text_field)
         options.update(data=match_data, template=a, batches=args.am_batches, batch_size=args.batch_size)
+    if args.method in LEARNED:
+        options.update(cli_args=args, eval_data=data)
     if args.method in ("wm", "wm-perm"):
         options["max_rounds"] = args.rounds
     start = time.perf_counter()
@@ -256,9 +258,45 @@ def add_common(parser) -> None:
     parser.add_argument("--rounds", type=int, default=10, help="cap on weight-matching rounds (default 10)")
     parser.add_argument("--am-batches", type=int, default=4, help="batches for activation matching (default 4)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        from .match.learned import add_learned_arguments
+    except ImportError:
+        return
+    add_learned_arguments(parser)
+
+
+EXAMPLE_PAIR = Path(__file__).resolve().parents[1] / "examples" / "stdlib-pair"
+
+
+def run_demo(args) -> int:
+    """The README's main job: merge the bundled example pair offline, raw vs weight matching."""
+    from .cli import build_parser
+    pair = Path(args.pair)
+    a, b, heldout = pair / "model-a", pair / "model-b", pair / "heldout.txt"
+    if not (a.is_dir() and b.is_dir() and heldout.is_file()):
+        raise UserError(f"{pair} does not hold the example pair (model-a/, model-b/, heldout.txt)")
+    reports = {}
+    for method in ("raw", "wm"):
+        argv = ["merge", str(a), str(b), "--method", method, "--data", str(heldout),
+                "--out", str(Path(args.out) / method), "--force"]
+        ns = build_parser().parse_args(argv)
+        ns.argv = argv
+        print(f"== {method}: {DESCRIPTIONS[method]}")
+        run_merge(ns)
+        reports[method] = json.loads((Path(args.out) / method / "barrier.json").read_text())
+    print(f"\n{'method':<8} {'barrier':>8} {'loss A':>8} {'loss B':>8} {'midpoint':>9}   (nats/token, held-out)")
+    for method, r in reports.items():
+        print(f"{method:<8} {r['barrier']:8.4f} {r['endpoint_loss'][0]:8.4f} {r['endpoint_loss'][1]:8.4f} "
+              f"{r['merged_loss']:9.4f}")
+    print(f"merged models: {Path(args.out) / 'wm'} (weight matching), {Path(args.out) / 'raw'} (plain average)")
+    return 0
 
 
 def register(subparsers) -> None:
+    demo = subparsers.add_parser("demo", help="merge the bundled example pair (offline): raw vs weight matching")
+    demo.add_argument("--pair", default=str(EXAMPLE_PAIR), help="folder with model-a/, model-b/, heldout.txt")
+    demo.add_argument("--out", default="runs/demo", help="where the merged models go (replaced)")
+    demo.set_defaults(func=run_demo)
     merge = subparsers.add_parser("merge", help="align two models, measure the barrier, write the merged model")
     add_common(merge)
     merge.add_argument("--out", required=True, help="output folder (refused if it exists, unless --force)")

@@ -228,11 +228,14 @@ def save_lm(model: torch.nn.Module, tokenizer, out_dir: str | Path) -> Path:
     return write_atomically(out_dir, write)
 
 
-def save_vit(model: torch.nn.Module, model_args: dict, out_dir: str | Path) -> Path:
-    """Write a timm model in the Hub layout; reload with timm.create_model("local-dir:" + out_dir, pretrained=True)."""
+def save_vit(model: torch.nn.Module, model_args: dict, out_dir: str | Path, model_config: dict | None = None) -> Path:
+    """Write a timm model in the Hub layout; reload with timm.create_model("local-dir:" + out_dir, pretrained=True).
+
+    `model_config` is passed to timm's save_for_hf (e.g. {"pretrained_cfg": {"tag": ...}, "label_names": [...]}).
+    """
     from timm.models import save_for_hf
 
     def write(folder: Path) -> None:
-        save_for_hf(model, str(folder), model_args=model_args, safe_serialization=True)
+        save_for_hf(model, str(folder), model_config=model_config, model_args=model_args, safe_serialization=True)
 
     return write_atomically(out_dir, write)

@@ -37,7 +37,8 @@ def am(a: Graph, b: Graph, progress: bool = True, **opts) -> MatchResult:
 
 
 METHODS: dict[str, Callable[..., MatchResult]] = {"raw": raw, "wm": wm, "wm-perm": wm_perm, "am": am}
-NEEDS_DATA = {"am"}
+NEEDS_DATA = {"am"}  # methods that get data=EvalData, template=Loaded (model A), batches, batch_size
+LEARNED: set[str] = set()  # methods that also get cli_args (the argparse namespace) and eval_data
 DESCRIPTIONS = {
     "raw": "no alignment (plain weight average)",
     "wm": "data-free weight matching over the full group: residual rotation, head permutations, "

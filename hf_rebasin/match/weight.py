@@ -184,9 +184,9 @@ def residual_cross(pa: dict, pb: dict) -> Tensor:
     for key, a in pa.items():
         role, b = residual_role(key), pb[key]
         if role in ("write", "norm_bias"):
-            term = b.reshape(-1, b.shape[-1]).double().T @ a.reshape(-1, a.shape[-1]).double()
+            term = (b.reshape(-1, b.shape[-1]).T @ a.reshape(-1, a.shape[-1])).double()
         elif role == "read":
-            term = b.double() @ a.double().T
+            term = (b @ a.T).double()
         else:
             continue
         m = term if m is None else m + term
@@ -227,8 +227,8 @@ def relative_distance(pa: dict, b: Graph, t: Transform) -> float:
     groups += [(_layer(pa, i), transform_layer(b.params, i, b.spec, t)) for i in range(b.spec.n_layers)]
     for ga, gb in groups:
         for k, a in ga.items():
-            num += float((a - gb[k]).double().pow(2).sum())
-            den += float(a.double().pow(2).sum())
+            num += float((a - gb[k]).pow(2).sum(dtype=torch.float64))
+            den += float(a.pow(2).sum(dtype=torch.float64))
     return num / max(den, 1e-30)
 
 

@@ -1,0 +1,83 @@
+"""Barrier table: pairs the project trains from two seeds, every matching method, test-split barriers.
+
+    .venv/bin/python benchmarks/barrier_table.py [--pairs neox-shakespeare,gpt2-shakespeare,vit-digits]
+                                                 [--methods raw,am,wm-perm,wm] [--json runs/barrier_table.json]
+
+Pairs come from benchmarks/pairs.py (trained once, cached under runs/pairs/).  Evaluation on the
+test split; activation matching (and learned methods) use the validation split.  Prints a
+Markdown table for BENCHMARKS.md with the published Tiny Shakespeare figures of Theus et al.
+(Table 2: vanilla averaging 2.02, activation matching 1.43, weight matching 0.34) beside.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+PAPER = {"raw": 2.02, "am": 1.43, "wm": 0.34}  # Theus et al. Table 2, Tiny Shakespeare (their model and split)
+
+
+def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int) -> list[dict]:
+    import pairs
+    from hf_rebasin.cli import build_parser
+    from hf_rebasin.merge import align, path_report
+    pair = pairs.get_pair(name)
+    rows = []
+    for method in methods:
+        argv = ["barrier", pair["model_a"], pair["model_b"], "--method", method, "--data", pair["test_data"],
+                "--match-data", pair["val_data"], "--max-eval-tokens", str(max_tokens)]
+        if seq_len:
+            argv += ["--seq-len", str(seq_len)]
+        if method in ("lm", "dual"):
+            argv += ["--train-data", pair["train_data"]]
+        args = build_parser().parse_args(argv)
+        args.argv = argv
+        start = time.perf_counter()
+        report = path_report(args, *align(args))
+        metric = "perplexity" if report["task"] == "causal-lm" else "accuracy"
+        mid = report["lambdas"].index(0.5)
+        rows.append({"pair": name, "method": method, "barrier": report["barrier"],
+                     "loss_a": report["endpoint_loss"][0], "loss_b": report["endpoint_loss"][1],
+                     "loss_mid": report["loss"][mid], "metric": metric,
+                     "metric_a": report[metric][0], "metric_b": report[metric][-1], "metric_mid": report[metric][mid],
+                     "match_s": report["timings"]["match_s"], "total_s": time.perf_counter() - start,
+                     "rounds": len(report.get("match_log", [])) - 1 if report.get("match_log") else None})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| pair | method | test barrier (nats) | loss A | loss B | loss at λ=0.5 | metric A / B / mid | "
+             "match s | Theus et al. (Tiny Shakespeare) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        fmt = "{:.1%}" if r["metric"] == "accuracy" else "{:.2f}"
+        metric = " / ".join(fmt.format(r[k]) for k in ("metric_a", "metric_b", "metric_mid"))
+        paper = PAPER.get(r["method"], "") if "shakespeare" in r["pair"] else ""
+        lines.append(f"| {r['pair']} | {r['method']} | {r['barrier']:.3f} | {r['loss_a']:.3f} | {r['loss_b']:.3f} | "
+                     f"{r['loss_mid']:.3f} | {r['metric']}: {metric} | {r['match_s']:.1f} | {paper} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", default="neox-shakespeare,gpt2-shakespeare,vit-digits")
+    parser.add_argument("--methods", default="raw,am,wm-perm,wm")
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--max-eval-tokens", type=int, default=65536)
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON")
+    args = parser.parse_args()
+    rows = []
+    for name in args.pairs.split(","):
+        rows += run_pair(name, args.methods.split(","), args.seq_len, args.max_eval_tokens)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=2))
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()

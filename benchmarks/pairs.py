@@ -1,0 +1,236 @@
+"""Benchmark pairs: two models of one architecture trained from two seeds on the same real data.
+
+    .venv/bin/python benchmarks/pairs.py gpt2-shakespeare neox-shakespeare vit-digits
+
+trains each named pair once (fp32, CPU, deterministic) and caches it under runs/pairs/NAME/:
+
+    model-a/, model-b/        Hub-layout checkpoints (seeds 0 and 1; LMs carry a copy of the tokenizer)
+    train.*, val.*, test.*    the fixed data split (.txt for LMs, .npz with images/labels for ViTs)
+    pair.json                 settings and endpoint metrics; written last, so its presence marks a complete pair
+
+From Python: `get_pair(name)` returns the paths (training only when the cache is missing or was made with
+other settings). Relative cache folders are taken from the repository root, like the shared data
+(../shared/data/tinyshakespeare.txt and ../shared/data/gpt2_tokenizer).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from hf_rebasin.data import read_images, read_texts, split_text, token_windows  # noqa: E402
+from hf_rebasin.training import (causal_lm_loss, classifier_metrics, save_lm, save_vit, train_causal_lm,  # noqa: E402
+                                 train_vit)
+
+SHARED_DATA = REPO.parent / "shared" / "data"
+SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
+GPT2_TOKENIZER = SHARED_DATA / "gpt2_tokenizer"
+SEEDS = {"model_a": 0, "model_b": 1}
+FOLDERS = {"model_a": "model-a", "model_b": "model-b"}
+SPLITS = ("train", "val", "test")
+
+PAIRS: dict[str, dict] = {
+    "gpt2-shakespeare": {
+        "task": "causal-lm",
+        "config_class": "GPT2Config",
+        "config": dict(n_embd=128, n_layer=4, n_head=4, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
+                       attn_pdrop=0.0),
+        "seq_len": 128,
+        "training": dict(steps=100, batch_size=16, lr=3e-3, warmup=10, weight_decay=0.1),
+    },
+    "neox-shakespeare": {
+        "task": "causal-lm",
+        "config_class": "GPTNeoXConfig",
+        "config": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512,
+                       rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=256,
+                       tie_word_embeddings=False),
+        "seq_len": 128,
+        "training": dict(steps=100, batch_size=16, lr=3e-3, warmup=10, weight_decay=0.1),
+    },
+    "vit-digits": {
+        "task": "image-classification",
+        "model_args": dict(in_chans=1, img_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4,
+                           num_classes=10),
+        "split_seed": 0,
+        "fractions": (0.8, 0.1, 0.1),
+        "training": dict(steps=1500, batch_size=64, lr=2e-3, warmup=75, weight_decay=0.05, max_shift=1),
+    },
+}
+
+
+class PairError(RuntimeError):
+    """A benchmark pair that cannot be built (unknown name, missing shared data)."""
+
+
+def resolve_cache(cache_dir: str | Path) -> Path:
+    cache = Path(cache_dir).expanduser()
+    return cache if cache.is_absolute() else REPO / cache
+
+
+def require(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise PairError(f"{what} not found at {path}; the benchmark pairs read the shared data folder "
+                        f"../shared/data next to the repository (see ../shared/data/README.md).")
+    return path
+
+
+def write_atomic_bytes(path: Path, write) -> None:
+    """write(partial_path), then rename onto path: no half-written file on failure."""
+    partial = path.with_name(f".{path.name}.partial{path.suffix}")
+    try:
+        write(partial)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def recipe(name: str) -> dict:
+    """The settings that define a pair (stored in pair.json; a change retrains)."""
+    return json.loads(json.dumps({"name": name, **PAIRS[name]}))
+
+
+def lm_config(settings: dict, tokenizer):
+    import transformers
+
+    config_class = getattr(transformers, settings["config_class"])
+    return config_class(vocab_size=len(tokenizer), bos_token_id=tokenizer.eos_token_id,
+                        eos_token_id=tokenizer.eos_token_id, **settings["config"])
+
+
+def build_lm_pair(name: str, folder: Path, progress: bool) -> dict:
+    from transformers import AutoTokenizer
+
+    settings = PAIRS[name]
+    tokenizer = AutoTokenizer.from_pretrained(require(GPT2_TOKENIZER, "the GPT-2 tokenizer"))
+    text = require(SHAKESPEARE, "Tiny Shakespeare").read_text(encoding="utf-8")
+    for split, part in zip(SPLITS, split_text(text, (0.9, 0.05, 0.05))):
+        write_atomic_bytes(folder / f"{split}.txt", lambda path, part=part: path.write_text(part, encoding="utf-8"))
+    seq_len = settings["seq_len"]
+    windows = {split: token_windows(read_texts(str(folder / f"{split}.txt")), tokenizer, seq_len) for split in SPLITS}
+    metrics: dict = {"tokens": {split: int(w.numel()) for split, w in windows.items()}, "ln_vocab": math.log(len(tokenizer))}
+    for key, seed in SEEDS.items():
+        start = time.perf_counter()
+        model = train_causal_lm(lm_config(settings, tokenizer), windows["train"], seed=seed, progress=progress,
+                                **settings["training"])
+        seconds = time.perf_counter() - start
+        save_lm(model, tokenizer, folder / FOLDERS[key])
+        metrics[key] = {"seed": seed, "train_seconds": round(seconds, 1),
+                        "val_loss": causal_lm_loss(model, windows["val"]),
+                        "test_loss": causal_lm_loss(model, windows["test"])}
+    return metrics
+
+
+def digits_splits(settings: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """sklearn's 8x8 digits, scaled to [-1, 1] (the saved models' mean 0.5, std 0.5), split by a seeded permutation."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = ((digits.images.astype(np.float32) / 16.0 - 0.5) / 0.5)[:, None]
+    labels = digits.target.astype(np.int64)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(settings["split_seed"])).numpy()
+    first = int(len(order) * settings["fractions"][0])
+    second = first + int(len(order) * settings["fractions"][1])
+    parts = {"train": order[:first], "val": order[first:second], "test": order[second:]}
+    return {split: (images[index], labels[index]) for split, index in parts.items()}
+
+
+def build_vit_pair(name: str, folder: Path, progress: bool) -> dict:
+    settings = PAIRS[name]
+    model_args = settings["model_args"]
+    for split, (images, labels) in digits_splits(settings).items():
+        write_atomic_bytes(folder / f"{split}.npz",
+                           lambda path, images=images, labels=labels: np.savez(path, images=images, labels=labels))
+    input_size = (model_args["in_chans"], model_args["img_size"], model_args["img_size"])
+    data = {split: read_images(str(folder / f"{split}.npz"), input_size=input_size, mean=(0.5,), std=(0.5,))[:2]
+            for split in SPLITS}
+    metrics: dict = {"examples": {split: len(labels) for split, (_, labels) in data.items()}}
+    for key, seed in SEEDS.items():
+        start = time.perf_counter()
+        model = train_vit(model_args, *data["train"], seed=seed, progress=progress, **settings["training"])
+        seconds = time.perf_counter() - start
+        save_vit(model, model_args, folder / FOLDERS[key],
+                 model_config={"pretrained_cfg": {"tag": f"{name}-seed{seed}"}, "label_names": list(map(str, range(10)))})
+        val_loss, val_accuracy = classifier_metrics(model, *data["val"])
+        test_loss, test_accuracy = classifier_metrics(model, *data["test"])
+        metrics[key] = {"seed": seed, "train_seconds": round(seconds, 1), "val_loss": val_loss,
+                        "val_accuracy": val_accuracy, "test_loss": test_loss, "test_accuracy": test_accuracy}
+    return metrics
+
+
+def pair_paths(name: str, folder: Path, record: dict) -> dict:
+    suffix = ".txt" if PAIRS[name]["task"] == "causal-lm" else ".npz"
+    return {"model_a": str(folder / FOLDERS["model_a"]), "model_b": str(folder / FOLDERS["model_b"]),
+            "test_data": str(folder / f"test{suffix}"), "val_data": str(folder / f"val{suffix}"),
+            "train_data": str(folder / f"train{suffix}"), "task": PAIRS[name]["task"],
+            "metrics": record["metrics"]}
+
+
+def get_pair(name: str, cache_dir: str | Path = "runs/pairs", *, progress: bool = True, retrain: bool = False) -> dict:
+    """Paths of a benchmark pair (model_a, model_b, test_data, val_data, train_data), its task and metrics.
+
+    Trains and caches the pair under cache_dir/name the first time (or when its settings changed, or
+    with retrain=True). Relative cache_dir is taken from the repository root.
+    """
+    if name not in PAIRS:
+        raise PairError(f"unknown benchmark pair {name!r}; choose one of {', '.join(PAIRS)}.")
+    folder = resolve_cache(cache_dir) / name
+    record_path = folder / "pair.json"
+    if record_path.is_file() and not retrain:
+        record = json.loads(record_path.read_text())
+        if record.get("settings") == recipe(name) and all((folder / f).is_dir() for f in FOLDERS.values()):
+            return pair_paths(name, folder, record)
+    folder.mkdir(parents=True, exist_ok=True)
+    record_path.unlink(missing_ok=True)
+    build = build_lm_pair if PAIRS[name]["task"] == "causal-lm" else build_vit_pair
+    metrics = build(name, folder, progress)
+    record = {"settings": recipe(name), "metrics": metrics,
+              "versions": {"torch": torch.__version__, "python": sys.version.split()[0]}}
+    write_atomic_bytes(record_path, lambda path: path.write_text(json.dumps(record, indent=2) + "\n"))
+    return pair_paths(name, folder, record)
+
+
+def describe(name: str, pair: dict) -> str:
+    lines = [f"{name} ({pair['task']})"]
+    for key in ("model_a", "model_b", "train_data", "val_data", "test_data"):
+        lines.append(f"  {key:10s} {pair[key]}")
+    for key in ("model_a", "model_b"):
+        m = pair["metrics"][key]
+        extra = (f", test accuracy {m['test_accuracy']:.3f}" if "test_accuracy" in m
+                 else f", test perplexity {math.exp(m['test_loss']):.1f}")
+        lines.append(f"  {key} (seed {m['seed']}): val loss {m['val_loss']:.3f}, test loss {m['test_loss']:.3f}"
+                     f"{extra}; trained in {m['train_seconds']:.0f} s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Train (once, cached) and print the benchmark pairs.")
+    parser.add_argument("names", nargs="+", metavar="NAME", help=f"pair names: {', '.join(PAIRS)}")
+    parser.add_argument("--cache-dir", default="runs/pairs", help="cache folder (default runs/pairs, from the repo root)")
+    parser.add_argument("--retrain", action="store_true", help="train again even when a cached pair exists")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.names if name not in PAIRS]
+    if unknown:
+        parser.error(f"unknown pair(s) {', '.join(unknown)}; choose from {', '.join(PAIRS)}")
+    try:
+        for name in args.names:
+            print(describe(name, get_pair(name, args.cache_dir, progress=not args.no_progress, retrain=args.retrain)),
+                  flush=True)
+    except PairError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
