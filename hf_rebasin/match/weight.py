@@ -10,6 +10,8 @@ rotation and the orthogonal freedom left inside each balanced head, fitted to A.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -189,6 +191,7 @@ def residual_cross(pa: dict, pb: dict) -> Tensor:
             term = (b @ a.T).double()
         else:
             continue
+        term = term / (a.norm() * b.norm()).clamp_min(1e-30).double()  # every tensor counts alike
         m = term if m is None else m + term
     return m
 
@@ -233,21 +236,23 @@ def relative_distance(pa: dict, b: Graph, t: Transform) -> float:
 
 
 def weight_matching(a: Graph, b: Graph, *, residual: str = "orthogonal", head_maps: bool = True,
-                    max_rounds: int = 10, tol: float = 1e-4, progress: bool = True):
+                    max_rounds: int = 10, tol: float = 1e-4, progress: bool = True, balance_a: bool = True):
     """Find (t_a, t_b) with apply(b, t_b) close to apply(a, t_a) in weight space.
 
     residual="orthogonal" is the full group; residual="permutation" with head_maps=False is the
-    permutation-only ablation (Git Re-Basin's treatment of the residual stream)."""
+    permutation-only ablation (Git Re-Basin's treatment of the residual stream).  balance_a=False keeps
+    a as it is (t_a = identity): used when a is the running average of several aligned models."""
     from . import MatchResult
     spec = a.spec
     full = head_maps
-    t_a = balance_transform(a, head_maps=full, glu=full)
+    t_a = balance_transform(a, head_maps=full and balance_a, glu=full and balance_a)
     from ..symmetry import apply
     pa = apply(a, t_a).params
     t = Transform.identity(spec)
     # Seed G from what both models index alike: embeddings (tokens, positions, patches) and the head.
     t.rotation = solve_rotation(residual_cross(_outside_layers(pa), _outside_layers(b.params)), spec, residual)
     log = [{"round": 0, "step": "init", "distance": relative_distance(pa, b, t)}]
+    best, best_distance = copy.deepcopy(t), log[0]["distance"]
     bar = tqdm(total=max_rounds * spec.n_layers, desc="weight matching", disable=not progress, leave=False)
     for round_ in range(1, max_rounds + 1):
         rotated_only = Transform.identity(spec)
@@ -271,9 +276,12 @@ def weight_matching(a: Graph, b: Graph, *, residual: str = "orthogonal", head_ma
         distance = relative_distance(pa, b, t)
         log.append({"round": round_, "distance": distance})
         bar.set_postfix(distance=f"{distance:.4f}")
+        if distance < best_distance:
+            best, best_distance = copy.deepcopy(t), distance
         previous = log[-2]["distance"]
         if previous - distance <= tol * max(previous, 1e-12):
             break
     bar.close()
+    t = best  # the steps are not all exact minimisers of the distance: keep the best round
     settings = {"residual": residual, "head_maps": full, "max_rounds": max_rounds, "tol": tol}
     return MatchResult(t_a, t, log, settings)
