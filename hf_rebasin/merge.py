@@ -116,8 +116,8 @@ def align(args, progress: bool = True):
     """Load, check, canonicalise and match the two models; return what every command needs."""
     timings = {}
     start = time.perf_counter()
-    if len(args.models) != 2:
-        raise UserError(f"got {len(args.models)} models; this version merges exactly two (A B)")
+    if len(args.models) < 2:
+        raise UserError(f"got {len(args.models)} model; a merge needs at least two (A B ...)")
     if args.method not in METHODS:
         raise UserError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
     if not 0.0 <= args.alpha <= 1.0:
@@ -208,6 +208,9 @@ def run_merge(args) -> int:
     out = Path(args.out)
     if out.exists() and not args.force:  # fail before any heavy work
         raise UserError(f"{out} already exists; choose another --out or pass --force to replace it")
+    if len(args.models) > 2:
+        from .merge_many import run_many
+        return run_many(args, out)
     aligned = align(args)
     report = path_report(args, *aligned)
     with atomic_output_dir(out, args.force) as tmp:
@@ -221,6 +224,9 @@ def run_merge(args) -> int:
 
 
 def run_barrier(args) -> int:
+    if len(args.models) > 2:
+        from .merge_many import run_many
+        return run_many(args, None, args.json)
     aligned = align(args)
     report = path_report(args, *aligned)
     if args.json:
@@ -243,7 +249,7 @@ def print_summary(report: dict, out: Path | None) -> None:
 
 
 def add_common(parser) -> None:
-    parser.add_argument("models", nargs="+", help="two Hub ids or local folders (A B)")
+    parser.add_argument("models", nargs="+", help="Hub ids or local folders: A B (or more, for an N-way merge)")
     parser.add_argument("--method", default="wm", help=f"one of: {', '.join(METHODS)} (default wm)")
     parser.add_argument("--data", help="held-out data: .txt file or folder, .jsonl, datasets spec NAME[:CONFIG[:SPLIT]]"
                         f" (LM default {DEFAULT_LM_DATA}); images: ImageFolder, .npz, datasets spec")
@@ -257,6 +263,8 @@ def add_common(parser) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=10, help="cap on weight-matching rounds (default 10)")
     parser.add_argument("--am-batches", type=int, default=4, help="batches for activation matching (default 4)")
+    parser.add_argument("--simplex-resolution", type=int, help="N-way merges: lattice step 1/r on the simplex "
+                        "(default 6 for three models, N otherwise; both include the centroid)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     try:
         from .match.learned import add_learned_arguments

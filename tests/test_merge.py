@@ -210,3 +210,32 @@ def test_interrupt_leaves_nothing_half_written(tiny_dirs, tmp_path, text_file, m
                  "--seq-len", "32", "--max-eval-tokens", "1024"])
     assert code == 130
     assert list(tmp_path.iterdir()) == []  # neither DIR nor its temporary sibling
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "vit"])
+def test_three_way_merge_of_disguised_copies(kind, tiny_dirs, tmp_path, text_file, image_file):
+    original = tiny_dirs[kind]
+    twins = [disguise(original, tmp_path / f"twin{s}", seed=s) for s in (31, 32)]
+    out = tmp_path / "merged"
+    assert main(["merge", str(original), *map(str, twins), "--method", "wm", "--out", str(out),
+                 "--simplex-resolution", "3", *data_args(kind, text_file, image_file)]) == 0
+    report = json.loads((out / "barrier.json").read_text())
+    assert report["n_models"] == 3 and len(report["lambdas"]) == 10  # C(5, 2) lattice points
+    assert report["barrier"] < 1e-3
+    x = tiny.example_inputs(kind, seed=8)
+    reference = tiny.outputs(models.load(original).model, x)
+    assert (tiny.outputs(models.load(out).model, x) - reference).abs().max() < 1e-4  # the centroid
+    assert (out / "barrier.png").stat().st_size > 0 and (out / "README.md").is_file()
+
+
+def test_three_way_barrier_is_max_excess_over_the_simplex(tiny_dirs, tmp_path, text_file):
+    others = [tiny.make_tiny("gpt2", tmp_path / f"m{s}", seed=s) for s in (5, 6)]
+    out = tmp_path / "b.json"
+    assert main(["barrier", str(tiny_dirs["gpt2"]), *map(str, others), "--method", "raw", "--json", str(out),
+                 "--data", str(text_file), "--seq-len", "32", "--max-eval-tokens", "1024"]) == 0
+    report = json.loads(out.read_text())
+    weights, losses, ends = report["lambdas"], report["loss"], report["endpoint_loss"]
+    assert len(weights) == 28 and all(abs(sum(w) - 1) < 1e-9 for w in weights)
+    excess = [loss - sum(wi * li for wi, li in zip(w, ends)) for w, loss in zip(weights, losses)]
+    assert report["barrier"] == pytest.approx(max(excess))
+    assert weights.index([1.0, 0.0, 0.0]) >= 0 and losses[weights.index([1.0, 0.0, 0.0])] == ends[0]
