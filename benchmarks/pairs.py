@@ -43,19 +43,19 @@ PAIRS: dict[str, dict] = {
     "gpt2-shakespeare": {
         "task": "causal-lm",
         "config_class": "GPT2Config",
-        "config": dict(n_embd=128, n_layer=4, n_head=4, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
+        "config": dict(n_embd=64, n_layer=4, n_head=4, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
                        attn_pdrop=0.0),
         "seq_len": 128,
-        "training": dict(steps=100, batch_size=16, lr=3e-3, warmup=10, weight_decay=0.1),
+        "training": dict(steps=200, batch_size=16, lr=3e-3, warmup=10, weight_decay=0.1),
     },
     "neox-shakespeare": {
         "task": "causal-lm",
         "config_class": "GPTNeoXConfig",
-        "config": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512,
+        "config": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256,
                        rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=256,
                        tie_word_embeddings=False),
         "seq_len": 128,
-        "training": dict(steps=100, batch_size=16, lr=3e-3, warmup=10, weight_decay=0.1),
+        "training": dict(steps=200, batch_size=16, lr=3e-3, warmup=10, weight_decay=0.1),
     },
     "vit-digits": {
         "task": "image-classification",

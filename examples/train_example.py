@@ -16,9 +16,9 @@ The corpus is the .py sources of the running interpreter's standard library
 (sysconfig.get_paths()["stdlib"]), tests and site-packages excluded, files sorted by path and
 every 2nd one kept; of those, every 20th is held out and the rest is training text. The
 tokenizer (vocab 1024, `<|endoftext|>` as end of text) is trained on the training text only.
-Everything is deterministic for a given Python installation: the same interpreter gives the
-same files, tokenizer and (bitwise) the same weights. The source text is CPython's, under the
-PSF License.
+Everything is deterministic for a given Python installation: the same interpreter and torch
+thread count give the same files, tokenizer and (bitwise) the same weights. The source text is
+CPython's, under the PSF License.
 """
 from __future__ import annotations
 
@@ -108,9 +108,8 @@ def write_text_atomically(path: Path, text: str) -> None:
     partial.replace(path)
 
 
-def readme(losses: dict[str, float], heldout_tokens: int, train_tokens: int, vocab: int, seconds: dict) -> str:
-    rows = "\n".join(f"| `{name}` | {SEEDS[name]} | {loss:.3f} | {math.exp(loss):.2f} | {seconds[name]:.0f} s |"
-                     for name, loss in losses.items())
+def readme(losses: dict[str, float], heldout_tokens: int, train_tokens: int, vocab: int) -> str:
+    rows = "\n".join(f"| `{name}` | {SEEDS[name]} | {loss:.3f} | {math.exp(loss):.2f} |" for name, loss in losses.items())
     return f"""# stdlib-pair: two tiny GPT-NeoX models trained from different seeds
 
 Produced by `python examples/train_example.py` (deterministic; see its docstring).
@@ -125,8 +124,8 @@ Python {sys.version.split()[0]}, torch {torch.__version__}.
   (warmup + cosine). Both models see the same data; the seed sets initialisation and data order.
 * `heldout.txt`: held-out files (never seen in training), {heldout_tokens:,} tokens in {SEQ_LEN}-token windows.
 
-| model | seed | held-out loss (nats/token) | perplexity | training time |
-|---|---|---|---|---|
+| model | seed | held-out loss (nats/token) | perplexity |
+|---|---|---|---|
 {rows}
 
 ln(vocab) = {math.log(vocab):.3f} is the loss of a uniform guess.
@@ -162,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(ln vocab {math.log(len(tokenizer)):.3f}), trained in {seconds[name]:.0f} s")
 
     write_text_atomically(args.out / "heldout.txt", heldout_text)
-    write_text_atomically(args.out / "README.md", readme(losses, heldout.numel(), train.numel(), len(tokenizer),
-                                                         seconds))
+    write_text_atomically(args.out / "README.md", readme(losses, heldout.numel(), train.numel(), len(tokenizer)))
     print(f"wrote {args.out}")
     return 0
 

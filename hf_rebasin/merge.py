@@ -285,8 +285,8 @@ def run_demo(args) -> int:
         raise UserError(f"{pair} does not hold the example pair (model-a/, model-b/, heldout.txt)")
     reports = {}
     for method in ("raw", "wm"):
-        argv = ["merge", str(a), str(b), "--method", method, "--data", str(heldout),
-                "--out", str(Path(args.out) / method), "--force"]
+        argv = ["merge", str(a), str(b), "--method", method, "--data", str(heldout), "--seq-len", "128",
+                "--max-eval-tokens", "16384", "--out", str(Path(args.out) / method), "--force"]
         ns = build_parser().parse_args(argv)
         ns.argv = argv
         print(f"== {method}: {DESCRIPTIONS[method]}")

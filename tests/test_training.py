@@ -16,9 +16,10 @@ from hf_rebasin.training import (causal_lm_loss, classifier_metrics, lr_factor, 
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "stdlib-pair"
-# Measured held-out losses of the committed pair (examples/stdlib-pair/README.md): model-a 2.94, model-b 2.94
-# nats/token with ln(1024) = 6.93; their raw weight average scores 5.6. Thresholds keep a wide margin.
-EXAMPLE_LOSS_CEILING = 0.55 * math.log(1024)
+# Measured on the committed pair (examples/stdlib-pair/README.md), 128-token windows of heldout.txt: model-a 3.715,
+# model-b 3.718 nats/token, ln(1024) = 6.931; the plain average of their weights 5.034. Thresholds keep a margin.
+EXAMPLE_LOSS_CEILING = 0.6 * math.log(1024)  # 4.16
+EXAMPLE_MIN_RAW_GAP = 0.6  # raw average minus the worse endpoint: measured 1.32
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +154,8 @@ def example_pair(monkeypatch_module):
     tokenizer = AutoTokenizer.from_pretrained(folders[0])
     models = [AutoModelForCausalLM.from_pretrained(folder).eval() for folder in folders]
     heldout = token_windows(read_texts(str(EXAMPLE / "heldout.txt")), tokenizer, seq_len=128)
-    return tokenizer, models, heldout
+    losses = [causal_lm_loss(model, heldout) for model in models]
+    return tokenizer, models, heldout, losses
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +176,7 @@ def test_example_pair_is_small_and_complete():
 
 
 def test_example_pair_loads_offline_and_has_learned(example_pair):
-    tokenizer, (model_a, model_b), heldout = example_pair
+    tokenizer, (model_a, model_b), heldout, losses = example_pair
     assert len(tokenizer) == model_a.config.vocab_size == model_b.config.vocab_size
     assert tokenizer.eos_token == "<|endoftext|>"
     text = "import os\n\ndef main():\n    return os.getcwd()\n"
@@ -182,7 +184,17 @@ def test_example_pair_loads_offline_and_has_learned(example_pair):
     assert heldout.shape[0] >= 100
     assert model_a.config.use_parallel_residual and not model_a.config.tie_word_embeddings
     assert all(p.dtype == torch.float32 for p in model_a.parameters())
-    losses = [causal_lm_loss(model, heldout) for model in (model_a, model_b)]
     assert all(loss < EXAMPLE_LOSS_CEILING for loss in losses), losses
     weights_b = dict(model_b.named_parameters())
     assert all(not torch.equal(p, weights_b[name]) for name, p in model_a.named_parameters() if p.dim() == 2)
+
+
+def test_example_pair_plain_average_is_much_worse(example_pair):
+    """The two seeds found different solutions: averaging their weights without alignment breaks the model."""
+    from transformers import AutoModelForCausalLM
+
+    _, (model_a, model_b), heldout, losses = example_pair
+    average = AutoModelForCausalLM.from_config(model_a.config).eval()
+    weights_b = model_b.state_dict()
+    average.load_state_dict({name: (t + weights_b[name]) / 2 for name, t in model_a.state_dict().items()})
+    assert causal_lm_loss(average, heldout) > max(losses) + EXAMPLE_MIN_RAW_GAP

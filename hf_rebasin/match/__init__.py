@@ -36,13 +36,28 @@ def am(a: Graph, b: Graph, progress: bool = True, **opts) -> MatchResult:
     return activation_matching(a, b, progress=progress, **opts)
 
 
-METHODS: dict[str, Callable[..., MatchResult]] = {"raw": raw, "wm": wm, "wm-perm": wm_perm, "am": am}
-NEEDS_DATA = {"am"}  # methods that get data=EvalData, template=Loaded (model A), batches, batch_size
-LEARNED: set[str] = set()  # methods that also get cli_args (the argparse namespace) and eval_data
+def lm(a: Graph, b: Graph, **opts) -> MatchResult:
+    from .learned import lm as learned_lm
+    return learned_lm(a, b, **opts)
+
+
+def dual(a: Graph, b: Graph, **opts) -> MatchResult:
+    from .learned import dual as learned_dual
+    return learned_dual(a, b, **opts)
+
+
+METHODS: dict[str, Callable[..., MatchResult]] = {"raw": raw, "wm": wm, "wm-perm": wm_perm, "am": am,
+                                                  "lm": lm, "dual": dual}
+NEEDS_DATA = {"am", "lm", "dual"}  # methods that get data=EvalData, template=Loaded (model A), batches, batch_size
+LEARNED: set[str] = {"lm", "dual"}  # methods that also get cli_args (the argparse namespace) and eval_data
 DESCRIPTIONS = {
     "raw": "no alignment (plain weight average)",
     "wm": "data-free weight matching over the full group: residual rotation, head permutations, "
           "per-head QK/OV maps, FFN permutations, GLU scales",
     "wm-perm": "permutations only, residual stream treated as a permutation (Git Re-Basin ablation)",
     "am": "activation matching: assignments from activation correlations on a few batches",
+    "lm": "learned matching (Theus et al.): B's continuous symmetries trained on the path loss, "
+          "started from weight matching",
+    "dual": "dual learned matching (LMC-DM, Li & Shen): both endpoints' symmetries trained on the path loss, "
+            "started from weight matching (absorbed init)",
 }

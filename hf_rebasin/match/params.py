@@ -1,0 +1,432 @@
+"""Learnable parameterisations of the symmetry group (DESIGN §3-4) and the group product.
+
+Every parameterisation maps unconstrained tensors onto the group itself, so that the
+forward pass never projects: whatever the optimiser does, the value is an exact symmetry.
+
+    orthogonal G        D · cayley(S)   or   D · expm(S)         S skew, D a fixed ±1 diagonal
+    G fixing 1 (LN)     Q R Q^T + s·11^T/d                      R orthogonal on the complement of 1
+    invertible maps     polar:  Q · L L^T  (Q orthogonal, L lower-triangular, positive diagonal)
+                        expm:   M0 · expm(X)   (M0 the fixed start; exp does not cover GL)
+                        direct: M = X      (any matrix; invertible in practice near the start)
+    RoPE pairs          r · [[cos a, sin a], [-sin a, cos a]]   per frequency pair, r = exp(rho)
+    scales (g, GLU)     s0 · exp(rho)       (the sign of s0 is kept)
+    permutations        straight-through: hard (Hungarian) forward, Sinkhorn gradient
+
+Each module starts exactly at a given group element (identity for the absorbed init, the
+weight-matching solution for the plain one); tests check the start is reproduced.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..canonical import Graph, Spec, layer_key
+from ..symmetry import Transform, kv_perm_of, rotary_pairs, rotate_residual, transform_layer
+from .linalg import assignment, ones_complement
+
+ORTH_KINDS = ("cayley", "expm")
+INV_KINDS = ("polar", "expm", "direct")
+
+
+# --- the group product -------------------------------------------------------------------------
+
+def _product(x: Tensor | None, y: Tensor | None) -> Tensor | None:
+    if x is None:
+        return y
+    if y is None:
+        return x
+    return (x.double() @ y.double()).to(y.dtype)
+
+
+def compose(t1: Transform, t2: Transform, spec: Spec) -> Transform:
+    """The element t with apply(g, t) == apply(apply(g, t1), t2) (t1 first, then t2).
+
+    Heads: new head j of the product is old head p1[p2[j]]; it carries t1's map of the group it
+    came from, then t2's map of the group it lands in.  FFN units likewise; GLU scales multiply
+    through t2's permutation.  Rotations and scales multiply: writes see W G1 G2 g1 g2."""
+    out = Transform.identity(spec)
+    out.rotation = _product(t1.rotation, t2.rotation)
+    out.scale = float(t1.scale) * float(t2.scale)
+    for i in range(spec.n_layers):
+        p1, p2 = t1.per_layer("head_perm", i), t2.per_layer("head_perm", i)
+        kv2 = None if p2 is None else kv_perm_of(p2, spec.group_size)
+        out.head_perm[i] = p2 if p1 is None else (p1 if p2 is None else p1[p2])
+        for name in ("qk_maps", "ov_maps"):
+            m1, m2 = t1.per_layer(name, i), t2.per_layer(name, i)
+            if m1 is not None and kv2 is not None:
+                m1 = m1[kv2]
+            getattr(out, name)[i] = _product(m1, m2)
+        f1, f2 = t1.per_layer("ffn_perm", i), t2.per_layer("ffn_perm", i)
+        out.ffn_perm[i] = f2 if f1 is None else (f1 if f2 is None else f1[f2])
+        s1, s2 = t1.per_layer("glu_scale", i), t2.per_layer("glu_scale", i)
+        if s1 is not None and f2 is not None:
+            s1 = s1[f2]
+        out.glu_scale[i] = s2 if s1 is None else (s1 if s2 is None else s1 * s2)
+    return out
+
+
+# --- orthogonal matrices -------------------------------------------------------------------------
+
+def cayley(s: Tensor) -> Tensor:
+    """(I - S)^-1 (I + S): orthogonal with determinant +1 for skew S."""
+    eye = torch.eye(s.shape[-1], dtype=s.dtype, device=s.device).expand_as(s)
+    return torch.linalg.solve(eye - s, eye + s)
+
+
+def inverse_cayley(q: Tensor) -> Tensor:
+    """S with cayley(S) = Q, for Q in SO(n) without eigenvalue -1."""
+    eye = torch.eye(q.shape[-1], dtype=q.dtype).expand_as(q)
+    s = torch.linalg.solve(eye + q, q - eye)
+    return (s - s.transpose(-1, -2)) / 2
+
+
+def _real_logm(q: Tensor) -> Tensor:
+    import scipy.linalg
+    flat = q.reshape(-1, *q.shape[-2:]).double().numpy()
+    import numpy as np
+    logs = np.stack([np.real(scipy.linalg.logm(m)) for m in flat])
+    out = torch.from_numpy(logs).to(torch.float64).reshape(q.shape)
+    return (out - out.transpose(-1, -2)) / 2
+
+
+def sign_factor(q: Tensor) -> Tensor:
+    """Signs d with det(diag(d) Q) = +1 and diag(d) Q mostly positive on its diagonal, so that
+    D·cayley(S) can start at Q (any determinant) with a small S."""
+    diag = torch.diagonal(q, dim1=-2, dim2=-1)
+    d = torch.where(diag < 0, -1.0, 1.0).to(torch.float64)
+    det = torch.linalg.det(q.double()) * d.prod(-1)
+    weakest = diag.abs().argmin(-1, keepdim=True)
+    flip = torch.where(det < 0, -1.0, 1.0).to(torch.float64)[..., None]
+    return d.scatter(-1, weakest, d.gather(-1, weakest) * flip)
+
+
+class Orthogonal(nn.Module):
+    """A batch (*batch, n, n) of orthogonal matrices D · f(S), f = cayley or expm, S skew."""
+
+    def __init__(self, n: int, batch: tuple[int, ...] = (), kind: str = "cayley", start: Tensor | None = None):
+        super().__init__()
+        if kind not in ORTH_KINDS:
+            raise ValueError(f"unknown orthogonal parameterisation {kind!r}; choose one of {ORTH_KINDS}")
+        self.kind = kind
+        shape = (*batch, n, n)
+        if start is None:
+            signs, skew = torch.ones(*batch, n, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64)
+        else:
+            q = start.detach().double().cpu().reshape(shape)
+            signs = sign_factor(q)
+            q = signs[..., :, None] * q
+            skew = inverse_cayley(q) if kind == "cayley" else _real_logm(q)
+        self.register_buffer("signs", signs.float())
+        self.raw = nn.Parameter((skew / 2).float())  # S = raw - raw^T
+
+    def forward(self) -> Tensor:
+        # in float64: a start with eigenvalues near -1 has a large S, and fp32 would lose orthogonality
+        s = (self.raw - self.raw.transpose(-1, -2)).double()
+        q = cayley(s) if self.kind == "cayley" else torch.linalg.matrix_exp(s)
+        return self.signs[..., :, None] * q.to(self.raw.dtype)
+
+
+class OnesFixingOrthogonal(nn.Module):
+    """Orthogonal (d, d) G with G·1 = s·1 (s = ±1 fixed): G = C R C^T + s·11^T/d, C the ones complement."""
+
+    def __init__(self, d: int, kind: str = "cayley", start: Tensor | None = None):
+        super().__init__()
+        basis = ones_complement(d)
+        self.register_buffer("basis", basis.float().clone())
+        self.register_buffer("ones", torch.full((d, 1), 1 / math.sqrt(d)))
+        inner, sign = None, 1.0
+        if start is not None:
+            g = start.detach().double().cpu()
+            inner = basis.T @ g @ basis
+            sign = 1.0 if float(g.sum()) >= 0 else -1.0
+        self.sign = sign
+        self.inner = Orthogonal(d - 1, kind=kind, start=inner)
+
+    def forward(self) -> Tensor:
+        return self.basis @ self.inner() @ self.basis.T + self.sign * (self.ones @ self.ones.T)
+
+
+# --- invertible maps -----------------------------------------------------------------------------
+
+class GeneralLinear(nn.Module):
+    """A batch (*batch, n, n) of invertible matrices, by polar factors, a matrix exponential or directly."""
+
+    def __init__(self, n: int, batch: tuple[int, ...] = (), kind: str = "polar", orth: str = "cayley",
+                 start: Tensor | None = None):
+        super().__init__()
+        if kind not in INV_KINDS:
+            raise ValueError(f"unknown invertible-map parameterisation {kind!r}; choose one of {INV_KINDS}")
+        self.kind = kind
+        shape = (*batch, n, n)
+        m0 = None if start is None else start.detach().double().cpu().reshape(shape)
+        if kind == "polar":
+            q0 = p0 = None
+            if m0 is not None:  # M = U S V^T = (U V^T)(V S V^T)
+                u, s, vh = torch.linalg.svd(m0)
+                q0, p0 = u @ vh, vh.transpose(-1, -2) @ torch.diag_embed(s) @ vh
+            self.orthogonal = Orthogonal(n, batch, orth, q0)
+            if p0 is None:
+                raw = torch.zeros(shape, dtype=torch.float64)
+            else:
+                chol = torch.linalg.cholesky((p0 + p0.transpose(-1, -2)) / 2)
+                raw = torch.tril(chol, -1) + torch.diag_embed(torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)))
+            self.register_buffer("lower_mask", torch.tril(torch.ones(n, n), -1))
+            self.raw = nn.Parameter(raw.float())
+        elif kind == "expm":
+            self.register_buffer("base", (torch.eye(n).expand(shape) if m0 is None else m0).float().clone())
+            self.raw = nn.Parameter(torch.zeros(shape))
+        else:
+            self.raw = nn.Parameter((torch.eye(n, dtype=torch.float64).expand(shape) if m0 is None else m0).float().clone())
+
+    def forward(self) -> Tensor:
+        if self.kind == "polar":
+            lower = self.raw * self.lower_mask + torch.diag_embed(torch.exp(torch.diagonal(self.raw, dim1=-2, dim2=-1)))
+            return self.orthogonal() @ (lower @ lower.transpose(-1, -2))
+        if self.kind == "expm":
+            return self.base @ torch.linalg.matrix_exp(self.raw.double()).to(self.raw.dtype)
+        return self.raw
+
+
+class HeadMaps(nn.Module):
+    """Per-KV-group head-dim maps (groups, hd, hd): a scaled 2-D rotation on each RoPE pair and any
+    invertible map on the remaining (free) dims, nothing mixing the two."""
+
+    def __init__(self, groups: int, head_dim: int, pairs: list[tuple[int, int]], inv: str, orth: str,
+                 start: Tensor | None = None):
+        super().__init__()
+        paired = {j for pair in pairs for j in pair}
+        free = [j for j in range(head_dim) if j not in paired]
+        self.groups, self.head_dim = groups, head_dim
+        self.register_buffer("pair_a", torch.tensor([a for a, _ in pairs], dtype=torch.long))
+        self.register_buffer("pair_b", torch.tensor([b for _, b in pairs], dtype=torch.long))
+        self.register_buffer("free", torch.tensor(free, dtype=torch.long))
+        m0 = None if start is None else start.detach().float().cpu()
+        if pairs:
+            if m0 is None:
+                rho, angle = torch.zeros(groups, len(pairs)), torch.zeros(groups, len(pairs))
+            else:
+                c, s = m0[:, self.pair_a, self.pair_a], m0[:, self.pair_a, self.pair_b]
+                rho, angle = torch.log(torch.hypot(c, s)), torch.atan2(s, c)
+            self.log_radius, self.angle = nn.Parameter(rho), nn.Parameter(angle)
+        self.free_map = None
+        if free:
+            block = None if m0 is None else m0[:, self.free][:, :, self.free]
+            self.free_map = GeneralLinear(len(free), (groups,), inv, orth, block)
+
+    def forward(self) -> Tensor:
+        hd = self.head_dim
+        ref = self.free_map.raw if self.free_map is not None else self.angle
+        m = torch.zeros(self.groups, hd, hd, dtype=ref.dtype, device=ref.device)
+        g = torch.arange(self.groups, device=ref.device)
+        if len(self.pair_a):
+            r = torch.exp(self.log_radius)
+            c, s = r * torch.cos(self.angle), r * torch.sin(self.angle)
+            a, b, gg = self.pair_a[None, :], self.pair_b[None, :], g[:, None]
+            for rows, cols, value in ((a, a, c), (a, b, s), (b, a, -s), (b, b, c)):
+                m = m.index_put((gg.expand_as(value), rows.expand_as(value), cols.expand_as(value)), value)
+        if self.free_map is not None:
+            block = self.free_map()
+            f = self.free
+            index = (g[:, None, None].expand_as(block), f[None, :, None].expand_as(block),
+                     f[None, None, :].expand_as(block))
+            m = m.index_put(index, block)
+        return m
+
+
+class PositiveScale(nn.Module):
+    """s0 · exp(rho): a scale that keeps the sign of its start."""
+
+    def __init__(self, start: Tensor | float):
+        super().__init__()
+        s0 = torch.as_tensor(start, dtype=torch.float32).detach().cpu().clone()
+        self.register_buffer("start", s0)
+        self.log_scale = nn.Parameter(torch.zeros_like(s0))
+
+    def forward(self) -> Tensor:
+        return self.start * torch.exp(self.log_scale)
+
+
+# --- permutations --------------------------------------------------------------------------------
+
+def sinkhorn(logits: Tensor, iterations: int = 20) -> Tensor:
+    """A doubly-stochastic matrix from logits (log-domain Sinkhorn normalisation)."""
+    log_p = logits
+    for _ in range(iterations):
+        log_p = log_p - torch.logsumexp(log_p, dim=1, keepdim=True)
+        log_p = log_p - torch.logsumexp(log_p, dim=0, keepdim=True)
+    return log_p.exp()
+
+
+class LearnedPermutation(nn.Module):
+    """A permutation (new j <- old perm[j]) learned with the straight-through estimator: the
+    forward uses the hard permutation maximising sum_j logits[j, perm[j]] (exactly, as a 0/1
+    matrix); the backward sees the Sinkhorn relaxation of the logits."""
+
+    def __init__(self, n: int, start: Tensor | None = None, margin: float = 1.0):
+        super().__init__()
+        perm = torch.arange(n) if start is None else start.detach().long().cpu()
+        logits = torch.zeros(n, n)
+        logits[torch.arange(n), perm] = margin
+        self.logits = nn.Parameter(logits)
+
+    def hard(self) -> Tensor:
+        return assignment(self.logits.detach()).to(self.logits.device)
+
+    def forward(self) -> tuple[Tensor, Tensor]:
+        perm = self.hard()
+        hard = torch.zeros_like(self.logits).index_put((torch.arange(len(perm), device=perm.device), perm),
+                                                       torch.ones(len(perm), device=perm.device))
+        soft = sinkhorn(self.logits)
+        return hard + (soft - soft.detach()), perm
+
+
+def _permute_heads_by_matrix(x: Tensor, p: Tensor, head_dim: int, dim: int) -> Tensor:
+    dim = dim % x.dim()
+    shape = x.shape
+    xh = x.reshape(*shape[:dim], -1, head_dim, *shape[dim + 1:]).movedim(dim, -1)
+    return (xh @ p.T).movedim(-1, dim).reshape(shape)  # new head j = sum_i p[j, i] old head i
+
+
+def permute_layer_by_matrices(p: dict, i: int, spec: Spec, kv: Tensor | None, ffn: Tensor | None) -> dict:
+    """Layer i's tensors with KV groups (and their query heads) and FFN units mixed by the (n, n)
+    matrices kv and ffn (0/1 in the forward of a straight-through permutation)."""
+    p = dict(p)
+    hd = spec.head_dim
+    if kv is not None:
+        heads = torch.kron(kv, torch.eye(spec.group_size, dtype=kv.dtype, device=kv.device))
+        for name, matrix in (("q", heads), ("k", kv), ("v", kv)):
+            for suffix in ("", "_bias"):
+                key = layer_key(i, f"attn.{name}{suffix}")
+                if key in p:
+                    p[key] = _permute_heads_by_matrix(p[key], matrix, hd, -1)
+        p[layer_key(i, "attn.o")] = _permute_heads_by_matrix(p[layer_key(i, "attn.o")], heads, hd, 0)
+    if ffn is not None:
+        for name in ("up", "gate"):
+            for suffix in ("", "_bias"):
+                key = layer_key(i, f"mlp.{name}{suffix}")
+                if key in p:
+                    p[key] = p[key] @ ffn.T
+        p[layer_key(i, "mlp.down")] = ffn @ p[layer_key(i, "mlp.down")]
+    return p
+
+
+def relative_continuous(t_a: Transform, t_b: Transform, spec: Spec) -> Transform:
+    """The continuous part of t_b followed by the inverse of t_a, for t_a WITHOUT permutations:
+    rotation G_b G_a^T, scale g_b / g_a, maps M_b M_a^-1, GLU scales s_b / s_a (all differentiable).
+
+    The group acts linearly on the weights, so the dual path (1-l) t_a(A) + l t_b(B) is t_a applied to
+    the single-sided path (1-l) A + l (t_a^-1 t_b)(B): same function at every l, one transform per step."""
+    out = Transform.identity(spec)
+    out.rotation = t_b.rotation @ t_a.rotation.T
+    out.scale = t_b.scale / t_a.scale
+    for i in range(spec.n_layers):
+        for name in ("qk_maps", "ov_maps"):
+            mb, ma = t_b.per_layer(name, i), t_a.per_layer(name, i)
+            getattr(out, name)[i] = None if mb is None else torch.linalg.solve(ma, mb, left=False)
+        sb, sa = t_b.per_layer("glu_scale", i), t_a.per_layer("glu_scale", i)
+        out.glu_scale[i] = None if sb is None else sb / sa
+    return out
+
+
+# --- one endpoint's learnable group element ------------------------------------------------------
+
+class LayerSymmetry(nn.Module):
+    def __init__(self, spec: Spec, start: Transform, i: int, inv: str, orth: str, learn_perms: bool):
+        super().__init__()
+        self.qk = self.ov = self.glu = self.kv_perm = self.ffn_perm = None
+        if spec.head_maps:
+            self.qk = HeadMaps(spec.n_kv_heads, spec.head_dim, rotary_pairs(spec), inv, orth, start.per_layer("qk_maps", i))
+            self.ov = HeadMaps(spec.n_kv_heads, spec.head_dim, [], inv, orth, start.per_layer("ov_maps", i))
+        if spec.glu:
+            s0 = start.per_layer("glu_scale", i)
+            self.glu = PositiveScale(torch.ones(spec.ffn_dim) if s0 is None else s0)
+        head_perm, ffn_perm = start.per_layer("head_perm", i), start.per_layer("ffn_perm", i)
+        if learn_perms:
+            kv0 = None if head_perm is None else kv_perm_of(head_perm, spec.group_size)
+            if head_perm is not None and spec.group_size > 1:
+                within = head_perm.view(-1, spec.group_size) % spec.group_size
+                if not bool((within == torch.arange(spec.group_size)).all()):
+                    raise ValueError("learned permutations move whole KV groups; the start permutes query "
+                                     "heads inside a group (use --init absorbed)")
+            self.kv_perm = LearnedPermutation(spec.n_kv_heads, kv0)
+            self.ffn_perm = LearnedPermutation(spec.ffn_dim, ffn_perm)
+            head_perm = ffn_perm = None
+        self.fixed_head_perm = head_perm
+        self.fixed_ffn_perm = ffn_perm
+
+
+class SymmetryParams(nn.Module):
+    """The learnable group element of one endpoint, started at `start` (a Transform)."""
+
+    def __init__(self, spec: Spec, start: Transform | None = None, *, orth: str = "cayley", inv: str = "polar",
+                 learn_perms: bool = False):
+        super().__init__()
+        start = start or Transform.identity(spec)
+        self.spec = spec
+        if spec.centred:
+            self.rotation = OnesFixingOrthogonal(spec.d_model, orth, start.rotation)
+        else:
+            self.rotation = Orthogonal(spec.d_model, (), orth, start.rotation)
+        self.scale = PositiveScale(float(start.scale)) if spec.scale_exact else None
+        self.fixed_scale = float(start.scale)
+        self.layers = nn.ModuleList(LayerSymmetry(spec, start, i, inv, orth, learn_perms) for i in range(spec.n_layers))
+
+    def _continuous(self) -> Transform:
+        """The transform without permutations (differentiable tensors)."""
+        t = Transform.identity(self.spec)
+        t.rotation = self.rotation()
+        t.scale = self.scale() if self.scale is not None else self.fixed_scale
+        for i, layer in enumerate(self.layers):
+            t.qk_maps[i] = None if layer.qk is None else layer.qk()
+            t.ov_maps[i] = None if layer.ov is None else layer.ov()
+            t.glu_scale[i] = None if layer.glu is None else layer.glu()
+        return t
+
+    def has_permutations(self) -> bool:
+        return any(layer.kv_perm is not None or layer.fixed_head_perm is not None or layer.fixed_ffn_perm is not None
+                   for layer in self.layers)
+
+    def has_learned_permutations(self) -> bool:
+        return any(layer.kv_perm is not None for layer in self.layers)
+
+    def apply(self, graph: Graph, continuous: Transform | None = None) -> Graph:
+        """apply(graph, this element), differentiable in the parameters.  `continuous` replaces this
+        element's continuous part (rotation, scale, maps, GLU scales); its permutations stay."""
+        spec = self.spec
+        t = self._continuous() if continuous is None else copy.copy(continuous)
+        t.head_perm, t.ffn_perm = list(t.head_perm), list(t.ffn_perm)
+        params = {k: rotate_residual(k, v, t) for k, v in graph.params.items() if not k.startswith("layers.")}
+        for i, layer in enumerate(self.layers):
+            prefix = f"layers.{i}."
+            p = {k: v for k, v in graph.params.items() if k.startswith(prefix)}
+            if layer.kv_perm is not None:
+                p = permute_layer_by_matrices(p, i, spec, layer.kv_perm()[0], layer.ffn_perm()[0])
+            t.head_perm[i] = None if layer.fixed_head_perm is None else layer.fixed_head_perm.to(graph.params[prefix + "attn.o"].device)
+            t.ffn_perm[i] = None if layer.fixed_ffn_perm is None else layer.fixed_ffn_perm.to(graph.params[prefix + "mlp.down"].device)
+            params.update(transform_layer(p, i, spec, t))
+        scale = float(t.scale.detach()) if isinstance(t.scale, Tensor) else float(t.scale)
+        return graph.replace(params, norm_eps=graph.norm_eps * scale ** 2)
+
+    @torch.no_grad()
+    def export(self) -> Transform:
+        """The current group element as a plain Transform (detached, on the CPU, permutations as indices)."""
+        t = self._continuous()
+        out = Transform.identity(self.spec)
+        out.rotation = t.rotation.detach().float().cpu()
+        out.scale = float(t.scale)
+        for i, layer in enumerate(self.layers):
+            for name in ("qk_maps", "ov_maps", "glu_scale"):
+                value = getattr(t, name)[i]
+                getattr(out, name)[i] = None if value is None else value.detach().float().cpu()
+            if layer.kv_perm is not None:
+                kv = layer.kv_perm.hard().cpu()
+                gs = self.spec.group_size
+                out.head_perm[i] = (kv[:, None] * gs + torch.arange(gs)).reshape(-1)
+                out.ffn_perm[i] = layer.ffn_perm.hard().cpu()
+            else:
+                out.head_perm[i] = layer.fixed_head_perm
+                out.ffn_perm[i] = layer.fixed_ffn_perm
+        return out

@@ -1,0 +1,280 @@
+"""The training loop of learned matching, driven by ``accelerate``.
+
+* data parallel: the global batch of a step is split into ``grad_accum`` micro-batches, each split
+  across processes; DDP averages the gradients, so N processes follow the same trajectory as one.
+* the data order and the λ of every step are functions of (seed, step) alone: a run resumed from
+  a checkpoint at step k repeats exactly what an uninterrupted run does after step k.
+* AdamW (no weight decay: it would pull the group elements towards an arbitrary point), linear
+  warmup then cosine decay.
+* checkpoints (symmetry parameters, optimiser state, step, log, fingerprint) are written atomically
+  by the main process; the first Ctrl-C finishes the current step on every process, saves a
+  checkpoint and raises KeyboardInterrupt; a second Ctrl-C aborts at once.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import warnings
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..cli import UserError
+from ..training import lr_factor
+
+CHECKPOINT_FORMAT = "hf-rebasin-learned-matching/1"
+
+
+def make_accelerator(settings):
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+    ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
+    return Accelerator(cpu=settings.device == "cpu", mixed_precision="no", kwargs_handlers=[ddp])
+
+
+# --- deterministic plan of the run ---------------------------------------------------------------
+
+class StepPlan:
+    """Which examples and which λ each step uses: fresh permutations of the data, back to back."""
+
+    def __init__(self, n_examples: int, batch_size: int, seed: int, lambda_range: tuple[float, float]):
+        self.n, self.batch_size, self.seed, self.range = n_examples, batch_size, seed, lambda_range
+        self._perms: dict[int, torch.Tensor] = {}
+
+    def _perm(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._perms:
+            if len(self._perms) > 4:
+                self._perms.pop(min(self._perms))
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perms[epoch] = torch.randperm(self.n, generator=gen)
+        return self._perms[epoch]
+
+    def indices(self, step: int) -> torch.Tensor:
+        positions = torch.arange(step * self.batch_size, (step + 1) * self.batch_size)
+        epochs, offsets = positions // self.n, positions % self.n
+        return torch.stack([self._perm(int(e))[int(o)] for e, o in zip(epochs, offsets)])
+
+    def lam(self, step: int) -> float:
+        gen = torch.Generator().manual_seed(self.seed * 7_919 + 104_729 * (step + 1))
+        lo, hi = self.range
+        return lo + (hi - lo) * float(torch.rand((), generator=gen, dtype=torch.float64))
+
+
+# --- checkpoints ---------------------------------------------------------------------------------
+
+def run_tag(method: str, fingerprint: dict) -> str:
+    """File-name prefix of one run's checkpoints: the method and a hash of models, data and settings."""
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{method}-{digest}"
+
+
+def checkpoint_path(directory: str | Path, tag: str, step: int) -> Path:
+    return Path(directory) / f"{tag}-step{step:07d}.pt"
+
+
+def save_checkpoint(path: Path, state: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def _step_of(path: Path) -> int:
+    return int(path.stem.rsplit("step", 1)[1])
+
+
+def _newest_checkpoint(folder: Path, tag: str) -> Path:
+    mine = sorted(folder.glob(f"{tag}-step*.pt"), key=_step_of)
+    if mine:
+        return mine[-1]
+    others = sorted(folder.glob("*-step*.pt"))
+    if others:
+        raise UserError(f"--resume {folder}: its checkpoints ({', '.join(p.name for p in others[:3])}"
+                        f"{', ...' if len(others) > 3 else ''}) belong to other runs (other method, models, data or "
+                        "settings); pass one of the files to see what differs")
+    raise UserError(f"--resume {folder}: the folder holds no checkpoint (*-stepNNNNNNN.pt)")
+
+
+def load_checkpoint(path: str | Path, fingerprint: dict) -> dict:
+    """Read a checkpoint and check it belongs to these models, data and settings (UserError if not)."""
+    path = Path(path)
+    if path.is_dir():
+        path = _newest_checkpoint(path, run_tag(fingerprint["settings"]["method"], fingerprint))
+    if not path.is_file():
+        raise UserError(f"--resume {path}: no such checkpoint file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any unreadable file is the same user problem
+        raise UserError(f"--resume {path} is not a readable checkpoint ({type(error).__name__}: {error})") from error
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise UserError(f"--resume {path} is not a hf-rebasin learned-matching checkpoint")
+    saved = state["fingerprint"]
+    problems = []
+    if saved["models"] != fingerprint["models"]:
+        problems.append("it was made for other models (A/B weights differ)")
+    if saved["train_data"] != fingerprint["train_data"]:
+        problems.append("it was trained on other data (--train-data / --seq-len / caps differ)")
+    for key, now in fingerprint["settings"].items():
+        then = saved["settings"].get(key)
+        if then != now:
+            problems.append(f"{key} was {then!r}, now {now!r}")
+    if problems:
+        raise UserError(f"cannot resume from {path}: " + "; ".join(problems) +
+                        ". Resume with the same models, data and settings, or start a new run without --resume.")
+    state["path"] = str(path)
+    return state
+
+
+# --- Ctrl-C ---------------------------------------------------------------------------------------
+
+class InterruptFlag:
+    """First SIGINT: remember it (the loop stops after the current step); second: KeyboardInterrupt."""
+
+    def __init__(self, announce: bool):
+        self.requested, self.announce, self.previous = False, announce, None
+
+    def _handler(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.announce:
+            print("\nhf-rebasin: stopping after this step and saving a checkpoint (Ctrl-C again to abort now)",
+                  file=sys.stderr)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        return False
+
+
+# --- held-out estimate ---------------------------------------------------------------------------
+
+@torch.no_grad()
+def path_loss_at(path_loss, data, lam: float, batch_size: int, device) -> float:
+    total, count = 0.0, 0
+    for start in range(0, len(data.inputs), batch_size):
+        x = data.inputs[start:start + batch_size].to(device)
+        y = None if data.labels is None else data.labels[start:start + batch_size].to(device)
+        total += float(path_loss(x, y, lam)) * len(x)
+        count += len(x)
+    return total / max(count, 1)
+
+
+def _subset(data, n: int):
+    from ..barrier import EvalData
+    if data is None or n <= 0:
+        return None
+    labels = None if data.labels is None else data.labels[:n]
+    return EvalData(data.task, data.inputs[:n], labels, data.info)
+
+
+# --- the loop ------------------------------------------------------------------------------------
+
+def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint: dict, resume_state: dict | None,
+                     progress: bool = True, on_step=None) -> list[dict]:
+    """Train path_loss's parameters for s.steps steps; returns the log (list of dicts)."""
+    from .learned import LAMBDA_RANGES
+    device, main = accelerator.device, accelerator.is_main_process
+    rank, world = accelerator.process_index, accelerator.num_processes
+    params = [p for p in path_loss.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
+    start, log = 0, []
+    if resume_state is not None:
+        path_loss.load_state_dict(resume_state["params"])
+        optimizer.load_state_dict(resume_state["optimizer"])
+        start, log = int(resume_state["step"]), list(resume_state["log"])
+    with warnings.catch_warnings():  # torch deprecates broadcast_buffers; accelerate has no other way to say it
+        warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+        model = accelerator.prepare_model(path_loss)
+    micro = s.batch_size // (s.grad_accum * world)
+    plan = StepPlan(len(train.inputs), s.batch_size, s.seed, LAMBDA_RANGES[s.lambdas])
+    held_out = _subset(eval_data, s.eval_subset) if s.eval_every > 0 else None
+    log_every = max(1, s.steps // 100)
+    tag = run_tag(s.method, fingerprint)
+    ends: list[float] | None = None
+    postfix: dict[str, str] = {}
+
+    def state(step: int) -> dict:
+        return {"format": CHECKPOINT_FORMAT, "step": step, "params": path_loss.state_dict(),
+                "optimizer": optimizer.state_dict(), "log": log, "fingerprint": fingerprint}
+
+    def estimate(step: int) -> None:
+        nonlocal ends
+        if held_out is None or not main:
+            return
+        if ends is None:  # the endpoints are exact symmetries of A and B: their losses never change
+            ends = [path_loss_at(path_loss, held_out, lam, s.eval_batch_size, device) for lam in (0.0, 1.0)]
+        mid = path_loss_at(path_loss, held_out, 0.5, s.eval_batch_size, device)
+        barrier = mid - (ends[0] + ends[1]) / 2
+        log.append({"step": step, "heldout_midpoint_loss": mid, "heldout_midpoint_barrier": barrier})
+        postfix["mid-barrier"] = f"{barrier:.4f}"
+
+    if start == 0:
+        estimate(0)
+    bar = tqdm(total=s.steps, initial=start, desc=f"{s.method} matching", disable=not (progress and main),
+               leave=False, unit="step")
+    bar.set_postfix(postfix)
+    running = None
+    with InterruptFlag(announce=main) as interrupt:
+        for step in range(start, s.steps):
+            for group in optimizer.param_groups:
+                group["lr"] = s.lr * lr_factor(step, s.steps, s.warmup_steps)
+            lam = plan.lam(step)
+            index = plan.indices(step).view(s.grad_accum, world, micro)
+            total = torch.zeros((), device=device)
+            for m in range(s.grad_accum):
+                part = index[m, rank]
+                x = train.inputs[part].to(device)
+                y = None if train.labels is None else train.labels[part].to(device)
+                last = m == s.grad_accum - 1
+                with nullcontext() if last or world == 1 else accelerator.no_sync(model):
+                    loss = model(x, y, lam)
+                    accelerator.backward(loss / s.grad_accum)
+                total = total + loss.detach() / s.grad_accum
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            stats = accelerator.reduce(torch.stack([total, torch.tensor(float(interrupt.requested), device=device)]),
+                                       reduction="sum")
+            mean_loss, stop = float(stats[0]) / world, float(stats[1]) > 0
+            done = step + 1
+            if not math.isfinite(mean_loss):
+                raise UserError(f"learned matching diverged at step {done} (loss {mean_loss}); lower --lr (now {s.lr})")
+            running = mean_loss if running is None else 0.9 * running + 0.1 * mean_loss
+            if step % log_every == 0 or done == s.steps:
+                log.append({"step": done, "loss": mean_loss, "lambda": lam, "lr": optimizer.param_groups[0]["lr"]})
+            if (s.eval_every and done % s.eval_every == 0) or done == s.steps:
+                estimate(done)
+            postfix.update(loss=f"{running:.4f}", lam=f"{lam:.2f}")
+            bar.set_postfix(postfix)
+            bar.update(1)
+            if main and s.checkpoint_every and done % s.checkpoint_every == 0:
+                save_checkpoint(checkpoint_path(s.checkpoint_dir, tag, done), state(done))
+            if on_step is not None:
+                on_step(done, mean_loss)
+            if stop:
+                bar.close()
+                if main:
+                    path = save_checkpoint(checkpoint_path(s.checkpoint_dir, tag, done), state(done))
+                    print(f"hf-rebasin: saved {path} after step {done}/{s.steps}; continue with --resume {path}",
+                          file=sys.stderr)
+                accelerator.wait_for_everyone()
+                raise KeyboardInterrupt
+    bar.close()
+    return log

@@ -1,0 +1,60 @@
+"""Learned matching under `accelerate launch` (used by tests/test_learned.py).
+
+    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
+        --mixed_precision no --dynamo_backend no tests/learned_ddp_script.py A B TEXT OUT [options]
+
+Trains dual (or lm) matching of tiny models A and B on token windows of TEXT and writes, from the
+main process, OUT.safetensors (both transforms) and OUT.json (number of processes, log)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("a")
+    parser.add_argument("b")
+    parser.add_argument("text")
+    parser.add_argument("out")
+    parser.add_argument("--method", default="dual")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=2e-2)
+    parser.add_argument("--seq-len", type=int, default=16)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    from hf_rebasin import models
+    from hf_rebasin.barrier import EvalData
+    from hf_rebasin.data import load_token_windows
+    from hf_rebasin.match.learned import LearnSettings, learn_transforms
+
+    a, b = models.load(args.a), models.load(args.b)
+    windows, info = load_token_windows(args.text, AutoTokenizer.from_pretrained(args.a), args.seq_len, 4096)
+    train = EvalData("causal-lm", windows, None, info)
+    settings = LearnSettings(method=args.method, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
+                             grad_accum=args.grad_accum, eval_every=0, device="cpu")
+    result, accelerator = learn_transforms(models.canonicalise(a), models.canonicalise(b), a, train, None, settings,
+                                           progress=False)
+    if accelerator.is_main_process:
+        tensors = {f"a.{k}": v for k, v in result.transform_a.to_tensors().items()}
+        tensors.update({f"b.{k}": v for k, v in result.transform_b.to_tensors().items()})
+        save_file(tensors, args.out + ".safetensors")
+        report = {"num_processes": accelerator.num_processes, "world_size_env": os.environ.get("WORLD_SIZE"),
+                  "log": result.log[-3:]}
+        with open(args.out + ".json", "w") as f:
+            json.dump(report, f)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()

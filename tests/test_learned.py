@@ -1,0 +1,367 @@
+"""Learned (lm) and dual learned (dual) matching: the group product, the parameterisations, exactness of
+the learned transforms, data parallelism under accelerate, resume after Ctrl-C, the barrier they reach on
+a trained pair, and bad input."""
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+
+import pytest
+import torch
+
+from hf_rebasin import models, symmetry, tiny
+from hf_rebasin.barrier import EvalData, evaluate
+from hf_rebasin.canonical import Spec, interpolate
+from hf_rebasin.cli import UserError, main
+from hf_rebasin.match import METHODS, MatchResult
+from hf_rebasin.match.learned import LearnSettings, learn_transforms, validate
+from hf_rebasin.match.params import (GeneralLinear, HeadMaps, LearnedPermutation, OnesFixingOrthogonal, Orthogonal,
+                                     compose)
+from hf_rebasin.symmetry import apply
+
+from conftest import REPO, SHARED_DATA
+
+# max |difference| of any transform entry between 2 processes and 1 (same global batch), after 6 dual
+# steps at lr 2e-2; measured differences are ~3e-6 (gloo's all-reduce sums in another order)
+DDP_TOLERANCE = 1e-4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (and the two DDP processes share two cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def graph_of(path):
+    loaded = models.load(path)
+    return loaded, models.canonicalise(loaded)
+
+
+def max_relative_difference(x, y):
+    return max(float((x.params[k] - y.params[k]).abs().max() / y.params[k].abs().max().clamp_min(1e-12))
+               for k in y.params)
+
+
+def random_windows(n=64, seq=16, seed=0):
+    return EvalData("causal-lm", torch.randint(0, 97, (n, seq), generator=torch.Generator().manual_seed(seed)))
+
+
+def random_images(n=64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return EvalData("image-classification", torch.randn(n, 3, 16, 16, generator=gen),
+                    torch.randint(0, 10, (n,), generator=gen))
+
+
+@pytest.fixture(scope="module")
+def neox_pair(tiny_dirs, tmp_path_factory):
+    """Two tiny random GPT-NeoX models (seeds 1 and 2)."""
+    b = tiny.make_tiny("gpt_neox", tmp_path_factory.mktemp("neox") / "b", seed=2)
+    return tiny_dirs["gpt_neox"], b
+
+
+# --- the group product and the parameterisations ----------------------------------------------------
+
+@pytest.mark.parametrize("kind", tiny.KINDS)
+def test_compose_is_sequential_application(kind, tiny_dirs):
+    _, graph = graph_of(tiny_dirs[kind])
+    t1, t2 = symmetry.random_transform(graph.spec, seed=3), symmetry.random_transform(graph.spec, seed=4)
+    sequential, product = apply(apply(graph, t1), t2), apply(graph, compose(t1, t2, graph.spec))
+    assert max_relative_difference(product, sequential) < 1e-5
+    assert product.norm_eps == pytest.approx(sequential.norm_eps, rel=1e-6)
+    assert max_relative_difference(apply(graph, t1), sequential) > 0.1  # t2 is not the identity
+
+
+def rope_spec():
+    return Spec("GPTNeoXForCausalLM", d_model=12, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=6, ffn_dim=8,
+                n_out=5, glu=False, rotary_dims=4)
+
+
+def rope_rotation(pairs, head_dim, angle):
+    r = torch.eye(head_dim)
+    for k, (a, b) in enumerate(pairs):
+        c, s = math.cos(angle * (k + 1)), math.sin(angle * (k + 1))
+        r[a, a], r[a, b], r[b, a], r[b, b] = c, s, -s, c
+    return r
+
+
+def test_parameterisations_start_exactly_and_stay_in_the_group():
+    gen = torch.Generator().manual_seed(0)
+    q = symmetry.random_orthogonal(6, gen)
+    if torch.linalg.det(q) > 0:
+        q[:, 0] = -q[:, 0]  # a determinant -1 start must be representable
+    for kind in ("cayley", "expm"):
+        orth = Orthogonal(6, kind=kind, start=q.float())
+        assert torch.allclose(orth(), q.float(), atol=1e-5), kind
+        with torch.no_grad():
+            orth.raw.normal_(generator=gen)
+        value = orth()
+        assert torch.allclose(value.T @ value, torch.eye(6), atol=1e-5) and torch.linalg.det(value) < 0
+    g = symmetry.random_rotation_fixing_ones(8, gen, sign=-1).float()
+    fixing = OnesFixingOrthogonal(8, "cayley", g)
+    assert torch.allclose(fixing(), g, atol=1e-5)
+    with torch.no_grad():
+        fixing.inner.raw.normal_(generator=gen)
+    moved = fixing()
+    assert torch.allclose(moved @ torch.ones(8), -torch.ones(8), atol=1e-5) and not torch.allclose(moved, g, atol=1e-2)
+    m = torch.randn(3, 5, 5, generator=gen, dtype=torch.float64)
+    if torch.linalg.det(m[0]) > 0:
+        m[0, 0] = -m[0, 0]  # a map with a negative determinant
+    for inv in ("polar", "expm", "direct"):
+        assert torch.allclose(GeneralLinear(5, (3,), inv, "cayley", m)(), m.float(), atol=1e-4), inv
+    pairs, head_dim = symmetry.rotary_pairs(rope_spec()), 6  # 4 rotary dims ("half" layout), 2 free
+    start = torch.stack([symmetry.random_qk_map(rope_spec(), gen) for _ in range(2)]).float()
+    maps = HeadMaps(2, head_dim, pairs, "polar", "cayley", start)
+    assert torch.allclose(maps(), start, atol=1e-5)
+    with torch.no_grad():
+        for p in maps.parameters():
+            p.normal_(generator=gen)
+    rope, value = rope_rotation(pairs, head_dim, angle=0.7), maps()
+    assert torch.allclose(value @ rope, rope @ value, atol=1e-5)  # still commutes with every RoPE rotation
+    assert not torch.allclose(value, start, atol=1e-2)
+    perm = torch.randperm(7, generator=gen)
+    matrix, hard = LearnedPermutation(7, perm)()
+    assert torch.equal(hard, perm) and torch.equal(matrix, torch.eye(7)[perm])
+
+
+# --- exactness of what is learned -----------------------------------------------------------------
+
+def outputs_of(graph, template, x):
+    return tiny.outputs(models.instantiate(graph, template), x)
+
+
+@pytest.mark.parametrize("kind,method,init,learn_perms", [
+    ("gpt_neox", "dual", "absorbed", True),  # partial RoPE, centred stream, residual scale
+    ("llama_gqa_tied", "dual", "plain", False),  # GQA, SwiGLU scales, not centred
+    ("vit", "lm", "plain", True),  # image classifier, centred, no RoPE
+    ("olmo_clip_qkv", "lm", "absorbed", False),  # no per-head maps
+])
+def test_learned_transforms_are_exact_symmetries(kind, method, init, learn_perms, tiny_dirs, tmp_path):
+    template, a = graph_of(tiny_dirs[kind])
+    b_dir = tiny.make_tiny(kind, tmp_path / "b", seed=5)
+    _, b = graph_of(b_dir)
+    data = random_images() if kind in tiny.VIT_CONFIGS else random_windows()
+    # a non-trivial start (instead of weight matching) makes the product and the plain init visible
+    start = MatchResult(symmetry.random_transform(a.spec, seed=7), symmetry.random_transform(b.spec, seed=8))
+    settings = LearnSettings(method=method, init=init, learn_perms=learn_perms, steps=3, lr=0.05, batch_size=8,
+                             eval_every=0, inv="polar" if init == "plain" else "direct", orth="expm" if kind == "vit" else "cayley")
+    result, _ = learn_transforms(a, b, template, data, None, settings, progress=False, wm=start)
+    assert (result.transform_b.rotation - start.transform_b.rotation).abs().max() > 1e-3  # it did learn
+    x = tiny.example_inputs(kind, seed=4)
+    b_loaded = models.load(b_dir)
+    for graph, transform, loaded in ((a, result.transform_a, template), (b, result.transform_b, b_loaded)):
+        exported = outputs_of(apply(graph, transform), template, x)
+        assert (exported - tiny.outputs(loaded.model, x)).abs().max() < 1e-4
+    # the loss trained on is the loss of the exported interpolated model
+    from hf_rebasin.match.learned import PathLoss
+    from hf_rebasin.match.params import SymmetryParams
+    ends = {"b": SymmetryParams(b.spec, result.transform_b)}
+    if method == "dual":
+        ends["a"] = SymmetryParams(a.spec, result.transform_a)
+    graph_a = a if method == "dual" else apply(a, result.transform_a)
+    path = PathLoss(graph_a, b, ends, template, data.task)
+    batch = EvalData(data.task, data.inputs[:8], None if data.labels is None else data.labels[:8])
+    with torch.no_grad():
+        trained_loss = float(path(batch.inputs, batch.labels, 0.3))
+    merged = interpolate([apply(a, result.transform_a), apply(b, result.transform_b)], [0.7, 0.3])
+    assert trained_loss == pytest.approx(evaluate(models.instantiate(merged, template), batch)["loss"], abs=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama_untied_bias"])
+def test_dual_trains_through_the_equivalent_single_sided_path(kind, tiny_dirs, tmp_path):
+    """With no permutations on A, dual evaluates (1-l) A + l (t_a^-1 t_b)(B): its loss must be the loss of
+    the exported dual point (1-l) t_a(A) + l t_b(B)."""
+    from hf_rebasin.match.learned import PathLoss
+    from hf_rebasin.match.params import SymmetryParams
+    template, a = graph_of(tiny_dirs[kind])
+    _, b = graph_of(tiny.make_tiny(kind, tmp_path / "b", seed=5))
+    ends = {"a": SymmetryParams(a.spec), "b": SymmetryParams(b.spec, symmetry.random_transform(b.spec, seed=3))}
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in ends["a"].parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    path = PathLoss(a, b, ends, template, "causal-lm")
+    assert path.relative
+    batch = random_windows(8)
+    with torch.no_grad():
+        loss = float(path(batch.inputs, None, 0.4))
+    t_a, t_b = ends["a"].export(), ends["b"].export()
+    assert ends["a"].export().scale != 1.0 and (t_a.rotation - torch.eye(a.spec.d_model)).abs().max() > 1e-2
+    merged = interpolate([apply(a, t_a), apply(b, t_b)], [0.6, 0.4])
+    assert loss == pytest.approx(evaluate(models.instantiate(merged, template), batch)["loss"], abs=1e-4)
+
+
+# --- accelerate: two processes, one process ---------------------------------------------------------
+
+def test_two_processes_follow_one(neox_pair, tmp_path):
+    a_dir, b_dir = neox_pair
+    text = tmp_path / "train.txt"
+    text.write_text((SHARED_DATA / "tinyshakespeare.txt").read_text()[:6000])
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    out = tmp_path / "two"
+    command = [str(REPO / ".venv" / "bin" / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               str(REPO / "tests" / "learned_ddp_script.py"), str(a_dir), str(b_dir), str(text), str(out),
+               "--steps", "6", "--batch-size", "8", "--grad-accum", "2"]
+    run = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["num_processes"] == 2 and report["world_size_env"] == "2"
+
+    # the same global batch (8 per step) in this one process, without accumulation
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+    from hf_rebasin.data import load_token_windows
+    template, a = graph_of(a_dir)
+    _, b = graph_of(b_dir)
+    windows, _ = load_token_windows(str(text), AutoTokenizer.from_pretrained(a_dir), 16, 4096)
+    from hf_rebasin.match.weight import weight_matching
+    wm = weight_matching(a, b, progress=False)
+    settings = LearnSettings(method="dual", steps=6, lr=2e-2, batch_size=8, eval_every=0, device="cpu")
+    result, _ = learn_transforms(a, b, template, EvalData("causal-lm", windows), None, settings, progress=False,
+                                 wm=wm)
+    two = load_file(out.with_suffix(".safetensors"))
+    one = {f"a.{k}": v for k, v in result.transform_a.to_tensors().items()}
+    one.update({f"b.{k}": v for k, v in result.transform_b.to_tensors().items()})
+    assert one.keys() == two.keys()
+    for key in one:
+        assert (one[key].double() - two[key].double()).abs().max() <= DDP_TOLERANCE, key
+    assert (one["b.rotation"] - wm.transform_b.rotation).abs().max() > 1e-3  # the steps moved the transforms
+
+
+# --- Ctrl-C and resume ------------------------------------------------------------------------------
+
+def test_resume_after_ctrl_c_equals_an_uninterrupted_run(neox_pair, tmp_path):
+    (template, a), (_, b) = graph_of(neox_pair[0]), graph_of(neox_pair[1])
+    data = random_windows()
+    from hf_rebasin.match.weight import weight_matching
+    wm = weight_matching(a, b, progress=False)
+
+    def settings(**changes):
+        return LearnSettings(method="dual", steps=8, lr=2e-2, batch_size=8, eval_every=0,
+                             checkpoint_dir=str(tmp_path / "ckpt"), **changes)
+
+    whole, _ = learn_transforms(a, b, template, data, None, settings(), progress=False, wm=wm)
+
+    def press_ctrl_c(step, loss):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        learn_transforms(a, b, template, data, None, settings(), progress=False, wm=wm, on_step=press_ctrl_c)
+    saved = sorted((tmp_path / "ckpt").glob("*.pt"))
+    assert len(saved) == 1 and saved[0].name.endswith("-step0000004.pt")  # the step running at Ctrl-C was finished
+    assert not list((tmp_path / "ckpt").glob("*.partial"))
+    resumed, _ = learn_transforms(a, b, template, data, None, settings(resume=str(tmp_path / "ckpt")),
+                                  progress=False, wm=wm)
+    for name in ("transform_a", "transform_b"):
+        x, y = getattr(whole, name).to_tensors(), getattr(resumed, name).to_tensors()
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), name  # bitwise
+    assert [e for e in whole.log if "loss" in e] == [e for e in resumed.log if "loss" in e]
+
+
+# --- the barrier on a trained pair ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained_pair(tmp_path_factory):
+    """Two tiny GPT-NeoX models trained from two seeds on Tiny Shakespeare (char-level), with a
+    train split and a held-out split of the text."""
+    import transformers
+    from hf_rebasin.data import token_windows
+    from hf_rebasin.training import save_lm, train_causal_lm
+    root = tmp_path_factory.mktemp("trained")
+    text = (SHARED_DATA / "tinyshakespeare.txt").read_text()
+    (root / "train.txt").write_text(text[:200_000])
+    (root / "test.txt").write_text(text[-40_000:])
+    tokenizer = tiny.tiny_tokenizer(97)
+    windows = token_windows([text[:200_000]], tokenizer, 32)
+    config_class, kwargs = tiny.LM_CONFIGS["gpt_neox"]
+    for seed in (0, 1):
+        model = train_causal_lm(getattr(transformers, config_class)(**kwargs), windows, seed=seed, steps=300,
+                                batch_size=16, lr=1e-2, progress=False)
+        save_lm(model, tokenizer, root / f"model-{seed}")
+    return root
+
+
+def test_learned_matching_lowers_the_held_out_barrier(trained_pair, tmp_path):
+    root = trained_pair
+    common = [str(root / "model-0"), str(root / "model-1"), "--data", str(root / "test.txt"), "--seq-len", "32",
+              "--max-eval-tokens", "8192", "--lambdas", "5", "--batch-size", "64"]
+    learned = ["--train-data", str(root / "train.txt"), "--steps", "100", "--lr", "1e-2", "--eval-every", "50",
+               "--learn-batch-size", "16"]
+    reports = {}
+    for method in ("wm", "lm"):
+        out = tmp_path / f"{method}.json"
+        assert main(["barrier", *common, "--method", method, "--json", str(out), *learned]) == 0
+        reports[method] = json.loads(out.read_text())
+    assert main(["merge", *common, "--method", "dual", "--out", str(tmp_path / "dual"), *learned]) == 0
+    reports["dual"] = json.loads((tmp_path / "dual" / "barrier.json").read_text())
+    barrier = {m: r["barrier"] for m, r in reports.items()}
+    assert barrier["wm"] > 0.05, barrier  # there is a barrier to remove (measured: wm 0.098, lm 0.025, dual 0.031)
+    assert barrier["dual"] < barrier["wm"] - 0.03, barrier
+    assert barrier["lm"] <= barrier["wm"], barrier
+    # endpoints are the models themselves (the learned transforms are exact)
+    for method in ("lm", "dual"):
+        assert reports[method]["endpoint_loss"] == pytest.approx(reports["wm"]["endpoint_loss"], abs=1e-4)
+    dual = reports["dual"]
+    assert dual["method"] == "dual" and dual["settings"]["learned"]["lambda_dist"] == "uniform"
+    assert not dual["settings"]["notes"]  # trained on --train-data, not on the evaluation data
+    assert any("heldout_midpoint_barrier" in entry for entry in dual["match_log"])
+    # the exported merged model is the midpoint of the learned path
+    from transformers import AutoTokenizer
+    from hf_rebasin.data import load_token_windows
+    windows, _ = load_token_windows(str(root / "test.txt"), AutoTokenizer.from_pretrained(tmp_path / "dual"), 32, 8192)
+    loss = evaluate(models.load(tmp_path / "dual").model, EvalData("causal-lm", windows), batch_size=64)["loss"]
+    assert loss == pytest.approx(dual["merged_loss"], abs=1e-3)
+
+
+# --- bad input ----------------------------------------------------------------------------------------
+
+def test_bad_input_is_refused_clearly(neox_pair, tmp_path, capsys):
+    a_dir, b_dir = neox_pair
+    text = tmp_path / "heldout.txt"
+    text.write_text((SHARED_DATA / "tinyshakespeare.txt").read_text()[:4000])
+    out = tmp_path / "merged"
+    code = main(["merge", str(a_dir), str(b_dir), "--method", "dual", "--data", str(text), "--seq-len", "16",
+                 "--steps", "0", "--lr", "-1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--steps must be" in err and "--lr must be" in err and "Traceback" not in err
+    assert not out.exists() and not list(tmp_path.glob(".merged*"))  # nothing half-written
+    for bad in (dict(lr=float("nan")), dict(lr=5.0), dict(steps=-3), dict(batch_size=6, grad_accum=4),
+                dict(warmup=20, steps=10), dict(inv="qr")):
+        with pytest.raises(UserError):
+            validate(LearnSettings(**bad))
+
+    (template, a), (_, b) = graph_of(a_dir), graph_of(b_dir)
+    with pytest.raises(UserError, match="got none"):
+        METHODS["dual"](a, b, progress=False, data=None, template=template, cli_args=None, eval_data=None)
+
+    # a checkpoint, then resumes that do not belong to it
+    data = random_windows()
+    start = MatchResult(symmetry.random_transform(a.spec, 1), symmetry.random_transform(b.spec, 2))
+    base = dict(method="dual", steps=2, lr=1e-2, batch_size=8, eval_every=0, checkpoint_every=2,
+                checkpoint_dir=str(tmp_path / "ckpt"))
+    learn_transforms(a, b, template, data, None, LearnSettings(**base), progress=False, wm=start)
+    (checkpoint,) = (tmp_path / "ckpt").glob("dual-*-step0000002.pt")
+    digest = hashlib.sha256(checkpoint.read_bytes()).hexdigest()
+    _, c = graph_of(tiny.make_tiny("gpt_neox", tmp_path / "c", seed=9))
+    cases = [((a, c, data, {}), "other models"),
+             ((a, b, random_windows(seed=1), {}), "other data"),
+             ((a, b, data, {"steps": 3}), "steps was 2, now 3"),
+             ((a, b, data, {"init": "plain"}), "init was 'absorbed', now 'plain'")]
+    for (ga, gb, d, changes), message in cases:
+        settings = LearnSettings(**{**base, **changes, "resume": str(checkpoint)})
+        with pytest.raises(UserError, match=message):
+            learn_transforms(ga, gb, template, d, None, settings, progress=False, wm=start)
+    with pytest.raises(UserError, match="belong to other runs"):  # a folder: only this run's checkpoints count
+        learn_transforms(a, b, template, data, None, LearnSettings(**{**base, "steps": 3, "resume": str(checkpoint.parent)}),
+                         progress=False, wm=start)
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="not a readable checkpoint"):
+        learn_transforms(a, b, template, data, None, LearnSettings(**{**base, "resume": str(tmp_path / "junk.pt")}),
+                         progress=False, wm=start)
+    assert hashlib.sha256(checkpoint.read_bytes()).hexdigest() == digest  # the checkpoint is untouched

@@ -1,0 +1,328 @@
+"""``hf-rebasin run RECIPE``: the bundled recipes validate, bad recipes are refused with a message that
+names the problem, and a recipe runs merge -> eval -> push end to end on tiny local models (eval on a local
+lm-eval task, push to the fake Hub of tests/hub_server.py), with a resume hint when a step fails."""
+from __future__ import annotations
+
+import json
+import shlex
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hf_rebasin import recipes, tiny
+from hf_rebasin.cli import build_parser, main
+from hf_rebasin.match import METHODS
+
+from conftest import REPO, SHARED_DATA
+from hub_server import FakeHub, use_fake_hub
+
+TABLE_5_PAIRS = {  # Li & Shen Table 5 (ViT-L left out: timm has no augreg_in1k twin) + the from-scratch pairs
+    **{f"pythia-{s}": (f"EleutherAI/pythia-{s}", f"EleutherAI/pythia-{s}-deduped")
+       for s in ("14m", "31m", "70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b")},
+    "fineweb-edu-pile": ("HuggingFaceFW/ablation-model-fineweb-edu", "HuggingFaceFW/ablation-model-the-pile"),
+    "olmo-7b-twin": ("allenai/OLMo-7B-hf", "allenai/OLMo-7B-Twin-2T-hf"),
+    "vit-small": ("timm/vit_small_patch16_224.augreg_in21k_ft_in1k", "timm/vit_small_patch16_224.augreg_in1k"),
+    "vit-base": ("timm/vit_base_patch16_224.augreg_in21k_ft_in1k", "timm/vit_base_patch16_224.augreg_in1k"),
+    "gpt2-shakespeare": ("runs/pairs/gpt2-shakespeare/model-a", "runs/pairs/gpt2-shakespeare/model-b"),
+    "neox-shakespeare": ("runs/pairs/neox-shakespeare/model-a", "runs/pairs/neox-shakespeare/model-b"),
+    "vit-digits": ("runs/pairs/vit-digits/model-a", "runs/pairs/vit-digits/model-b"),
+    "example-stdlib": ("examples/stdlib-pair/model-a", "examples/stdlib-pair/model-b"),
+}
+EXAMPLE_PAIR = REPO / "examples" / "stdlib-pair"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Two tiny GPT-NeoX checkpoints (char-level tokenizer) and a slice of Tiny Shakespeare."""
+    root = tmp_path_factory.mktemp("pair")
+    tiny.make_tiny("gpt_neox", root / "model-a", seed=0)
+    tiny.make_tiny("gpt_neox", root / "model-b", seed=1)
+    (root / "heldout.txt").write_text((SHARED_DATA / "tinyshakespeare.txt").read_text()[:20000])
+    return root
+
+
+def write_recipe(folder: Path, text: str, name: str = "recipe.yaml") -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def tiny_recipe(tmp_path: Path, pair: Path, extra: str = "") -> Path:
+    return write_recipe(tmp_path, textwrap.dedent(f"""\
+        description: tiny pair
+        models: [{pair / 'model-a'}, {pair / 'model-b'}]
+        method: wm
+        data: {pair / 'heldout.txt'}
+        merge:
+          seq_len: 32
+          max_eval_tokens: 2048
+          lambdas: 5
+        out: merged
+        """) + textwrap.dedent(extra))
+
+
+def run(argv, capsys) -> tuple[int, str, str]:
+    code = main(["run", *map(str, argv)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# --- the bundled recipes ---------------------------------------------------------------------------
+
+def test_bundled_recipes_cover_the_pairs():
+    assert set(recipes.bundled()) == set(TABLE_5_PAIRS)
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_5_PAIRS))
+def test_bundled_recipe_validates_and_builds_valid_commands(name, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # validation must not need the Hub
+    recipe = recipes.load_recipe(name, check_paths=False)
+    assert recipe.path == recipes.RECIPES_DIR / f"{name}.yaml" and recipe.base == REPO
+    assert tuple(recipe.fields["models"]) == TABLE_5_PAIRS[name]
+    assert recipe.fields.get("method", "wm") in METHODS
+    steps = recipes.commands(recipe)
+    parser = build_parser()
+    merge = parser.parse_args(steps["merge"])
+    hub_ids = [m for m in TABLE_5_PAIRS[name] if not m.startswith(("runs/", "examples/"))]
+    assert merge.models[:len(hub_ids)] == hub_ids  # Hub ids pass through untouched
+    assert Path(merge.out).resolve() == (REPO / recipe.fields["out"]).resolve()
+    if "eval" in steps:
+        evaluated = parser.parse_args(steps["eval"])
+        assert Path(evaluated.dir).resolve() == Path(merge.out).resolve()
+        assert evaluated.tasks == "piqa,sciq,arc_easy" and evaluated.endpoints
+    assert "push" not in steps  # a bundled recipe never uploads to somebody's account by default
+
+
+@pytest.mark.parametrize("name", ["gpt2-shakespeare", "neox-shakespeare", "vit-digits", "example-stdlib"])
+def test_local_recipes_check_their_folders(name):
+    models = [REPO / m for m in TABLE_5_PAIRS[name]]
+    if all(m.is_dir() for m in models):
+        assert recipes.load_recipe(name).fields["models"]
+        return
+    with pytest.raises(recipes.UserError, match="does not exist") as error:
+        recipes.load_recipe(name)
+    assert recipes.read_yaml(recipes.RECIPES_DIR / f"{name}.yaml")["prepare"] in str(error.value)
+
+
+def test_list(capsys):
+    assert main(["run", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    listed = {line.split()[0]: line for line in lines[1:-1]}
+    assert set(listed) == set(TABLE_5_PAIRS)
+    assert "Pythia-1B vs Pythia-1B-deduped" in listed["pythia-1b"]
+
+
+# --- validation ------------------------------------------------------------------------------------------
+
+BAD = {
+    "unknown field": ("modles: [a, b]\n", ["unknown field 'modles'", "did you mean 'models'?", "allowed: description,",
+                                          "`models` is missing"]),
+    "missing models": ("method: wm\n", ["`models` is missing"]),
+    "one model": ("models: [a]\n", ["`models` lists 1 model; a merge needs two or more"]),
+    "models not a list": ("models: a b\n", ["`models` must be a list, got 'a b' (str)"]),
+    "bad method": ("models: [a, b]\nmethod: wn\n", ["unknown method 'wn' (did you mean 'wm'?)", "raw, wm, wm-perm"]),
+    "bad type": ("models: [a, b]\nmerge: {alpha: half, lambdas: 2.5}\n",
+                 ["`merge.alpha` must be a number, got 'half' (str)", "`merge.lambdas` must be an integer, got 2.5"]),
+    "bad flag": ("models: [a, b]\neval: {endpoints: maybe}\n", ["`eval.endpoints` must be true or false"]),
+    "bad choice": ("models: [a, b]\neval: {device: tpu}\n", ["`eval.device` must be one of cpu, cuda, got 'tpu'"]),
+    "unknown option": ("models: [a, b]\nmerge: {max_eval_token: 10}\n",
+                       ["unknown field in `merge`: 'max_eval_token' (did you mean 'max_eval_tokens'?)"]),
+    "option of the wrong block": ("models: [a, b]\nmerge: {out: x, private: true}\n",
+                                  ["`merge.out` is not set in the `merge` block: it is the top-level field `out`",
+                                   "`merge.private` is not set in the `merge` block: it belongs in the `push` block"]),
+    "push without repo": ("models: [a, b]\npush: {private: true}\n", ["the `push` block needs `repo_id`"]),
+    "bad paper": ("models: [a, b]\npaper: {barrier: {wm: high}, sorce: x}\n",
+                  ["`paper.barrier.wm` must be a number",
+                   "unknown field in `paper`: 'sorce' (did you mean 'source'?)"]),
+    "duplicate key": ("models: [a, b]\nmethod: wm\nmethod: raw\n", ["the key 'method' is written twice"]),
+    "not yaml": ("models: [a, b\n", ["is not valid YAML"]),
+    "not a mapping": ("- a\n- b\n", ["must be a mapping of fields"]),
+    "missing local folder": ("models: [./nowhere-a, ./nowhere-b]\ndata: ./nothing.txt\n",
+                             ["has 3 problems", "the local model folder nowhere-a does not exist",
+                              "`data`: nothing.txt does not exist"]),
+    "missing task folder": ("models: [EleutherAI/pythia-14m, EleutherAI/pythia-14m-deduped]\n"
+                            "eval: {include_path: my-tasks}\n", ["`eval.include_path`: my-tasks does not exist"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_recipe_exits_2_with_the_problem(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text, messages = BAD[case]
+    path = write_recipe(tmp_path, text)
+    code, out, err = run([path], capsys)
+    assert code == 2, (out, err)
+    assert err.startswith("hf-rebasin run: error: ")
+    for message in messages:
+        assert message in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unknown_recipe_name_suggests_a_bundled_one(capsys):
+    code, _, err = run(["pythia-1bb"], capsys)
+    assert code == 2
+    assert "no recipe file pythia-1bb and no bundled recipe of that name (did you mean pythia-1b" in err
+
+
+def test_set_overrides_and_is_checked(tmp_path, pair, capsys):
+    path = tiny_recipe(tmp_path, pair)
+    recipe = recipes.load_recipe(path, ["merge.alpha=0.25", "method=raw", "push.repo_id=someuser/x", "eval=null"])
+    steps = recipes.commands(recipe)
+    assert steps["merge"][steps["merge"].index("--alpha") + 1] == "0.25"
+    assert steps["merge"][steps["merge"].index("--method") + 1] == "raw"
+    assert steps["push"][:3] == ["push", str(tmp_path / "merged"), "someuser/x"] and "eval" not in steps
+    code, _, err = run([path, "--set", "merge.rounds=many"], capsys)
+    assert code == 2 and "`merge.rounds` must be an integer, got 'many'" in err
+    code, _, err = run([path, "--set", "merge"], capsys)
+    assert code == 2 and "--set expects KEY=VALUE" in err
+
+
+# --- running ---------------------------------------------------------------------------------------------
+
+def test_dry_run_prints_the_commands_and_writes_nothing(tmp_path, pair, capsys):
+    path = tiny_recipe(tmp_path, pair, "eval: {tasks: [a_task, b_task], limit: 4, endpoints: false}\n"
+                                       "push: {repo_id: someuser/tiny, private: true}\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, out, err = run([path, "--dry-run"], capsys)
+    assert code == 0, err
+    commands = [line for line in out.splitlines() if not line.startswith("#")]
+    out_dir = str(tmp_path / "merged")
+    assert commands == [
+        f"hf-rebasin merge {pair / 'model-a'} {pair / 'model-b'} --method wm --data {pair / 'heldout.txt'} "
+        f"--seq-len 32 --max-eval-tokens 2048 --lambdas 5 --out {out_dir}",
+        f"hf-rebasin eval {out_dir} --tasks a_task,b_task --limit 4",
+        f"hf-rebasin push {out_dir} someuser/tiny --private",
+    ]
+    for command in commands:  # each is a valid command line of the real CLI
+        build_parser().parse_args(shlex.split(command)[1:])
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    code, out, _ = run([path, "--dry-run", "--skip-eval", "--skip-push"], capsys)
+    assert "# eval: skipped (--skip-eval)" in out and "# push: skipped (--skip-push)" in out
+
+
+def test_relative_paths_are_taken_from_the_recipe_folder(tmp_path, pair, capsys, monkeypatch):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    for name in ("model-a", "model-b", "heldout.txt"):
+        (folder / name).symlink_to(pair / name)
+    path = write_recipe(folder, "models: [model-a, model-b]\ndata: heldout.txt\nout: merged\n")
+    monkeypatch.chdir(tmp_path)
+    steps = recipes.commands(recipes.load_recipe(path))
+    assert steps["merge"][1:3] == ["project/model-a", "project/model-b"]
+    assert steps["merge"][steps["merge"].index("--data") + 1] == "project/heldout.txt"
+    assert steps["merge"][-1] == "project/merged"
+    # paths given with --set are command-line paths: taken from the current folder
+    (tmp_path / "other.txt").write_text("some held-out text " * 50)
+    recipe = recipes.load_recipe(path, ["data=other.txt", "out=elsewhere", "models=[project/model-b, someuser/x]"],
+                                 check_paths=False)
+    steps = recipes.commands(recipe)
+    assert steps["merge"][1:3] == ["project/model-b", "someuser/x"]
+    assert steps["merge"][steps["merge"].index("--data") + 1] == "other.txt" and steps["merge"][-1] == "elsewhere"
+
+
+LOCAL_TASK = """\
+task: tiny_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: multiple_choice
+test_split: test
+doc_to_text: "Question: {{{{goal}}}}\\nAnswer:"
+doc_to_target: label
+doc_to_choice: "{{{{[sol1, sol2]}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+
+def write_local_task(folder: Path) -> Path:
+    folder.mkdir()
+    rows = [{"goal": "To keep bread fresh,", "sol1": "seal it in a bag.", "sol2": "leave it in the sun.", "label": 0},
+            {"goal": "To dry wet shoes,", "sol1": "fill them with water.", "sol2": "stuff them with paper.",
+             "label": 1},
+            {"goal": "To open a stuck lid,", "sol1": "run hot water over it.", "sol2": "freeze it.", "label": 0}]
+    (folder / "tiny_choice.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "tiny_choice.yaml").write_text(LOCAL_TASK.format(data=folder / "tiny_choice.jsonl"))
+    return folder
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    with FakeHub(lifetime_s=120) as server:
+        use_fake_hub(monkeypatch, server, tmp_path)
+        yield server
+
+
+def test_recipe_runs_merge_eval_push_and_resumes_after_a_failed_step(tmp_path, pair, hub, capsys, monkeypatch):
+    tasks = write_local_task(tmp_path / "tasks")
+    path = tiny_recipe(tmp_path, pair, f"""\
+        eval: {{tasks: [tiny_choice], include_path: {tasks}, device: cpu, batch_size: 4}}
+        push: {{repo_id: someuser/tiny-merge, private: true}}
+        paper: {{source: a made-up paper, barrier: {{wm: 9.5}}}}
+        """)
+    hub.add_folder("someuser/tiny-merge", pair / "model-a", read_only=False)  # the repo exists: push will fail
+    out = tmp_path / "merged"
+
+    code, stdout, err = run([path, "--set", "merge.lambdas=3"], capsys)
+    assert code == 2
+    assert "== step 1/3: merge: hf-rebasin merge" in stdout and "== step 3/3: push:" in stdout
+    assert "someuser/tiny-merge already exists; pass --exist-ok" in err
+    resume = f"hf-rebasin run {path} --set merge.lambdas=3 --skip-merge --skip-eval"
+    assert f"step push failed (see the error above); the merge in {out} is kept. Resume with: {resume}" in err
+    assert f"or run the step alone: hf-rebasin push {out} someuser/tiny-merge --private" in err
+
+    barrier = json.loads((out / "barrier.json").read_text())
+    assert barrier["models"] == [str(pair / "model-a"), str(pair / "model-b")] and barrier["method"] == "wm"
+    assert barrier["lambdas"] == [0.0, 0.5, 1.0] and barrier["data"]["seq_len"] == 32
+    merge_line = next(line for line in stdout.splitlines() if line.startswith("== step 1/3"))
+    assert merge_line.endswith(barrier["command"])  # the recipe ran exactly the command it printed
+    evals = json.loads((out / "eval.json").read_text())
+    assert evals["tasks"] == ["tiny_choice"] and 0.0 <= evals["results"]["merged"]["tiny_choice"]["acc"] <= 1.0
+    assert yaml.safe_load((out / recipes.RECIPE_COPY).read_text())["merge"]["lambdas"] == 3
+
+    code, _, err = run([path], capsys)  # a plain rerun does not silently redo or overwrite the merge
+    assert code == 2 and "already holds a merge (barrier.json): pass --skip-merge" in err
+
+    code, stdout, err = run(shlex.split(resume)[2:] + ["--set", "push.exist_ok=true"], capsys)
+    assert code == 0, err
+    assert "== step 1/1: push: hf-rebasin push" in stdout and stdout.count("== step") == 1
+    remote = hub.files("someuser/tiny-merge")
+    assert remote["barrier.json"] == (out / "barrier.json").read_bytes()
+    assert {"eval.json", "recipe.yaml", "model.safetensors", "README.md"} <= set(remote)
+    assert f"published barrier (a made-up paper): wm 9.5; this run (wm): {barrier['barrier']:.2f}" in stdout
+
+
+def test_failed_merge_leaves_nothing_and_says_so(tmp_path, pair, capsys):
+    path = tiny_recipe(tmp_path, pair)
+    code, _, err = run([path, "--set", "merge.seq_len=4096"], capsys)  # longer than the models' context
+    assert code == 2
+    assert "--seq-len 4096 is longer than the model's context" in err
+    assert f"step merge failed (see the error above); nothing was written to {tmp_path / 'merged'}" in err
+    assert not (tmp_path / "merged").exists()
+
+
+def test_push_needs_a_token_before_anything_runs(tmp_path, pair, hub, capsys, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN")
+    path = tiny_recipe(tmp_path, pair, "push: {repo_id: someuser/x}\n")
+    code, out, err = run([path], capsys)
+    assert code == 2 and "no Hugging Face token" in err and "--skip-push" in err
+    assert "== step" not in out and not (tmp_path / "merged").exists()
+
+
+@pytest.mark.skipif(not all((EXAMPLE_PAIR / p).exists() for p in ("model-a", "model-b", "heldout.txt")),
+                    reason="examples/stdlib-pair is not there yet (make it with examples/train_example.py)")
+def test_example_stdlib_recipe_runs(tmp_path, capsys):
+    code, out, err = run(["example-stdlib", "--set", f"out={tmp_path / 'example'}",
+                          "--set", "merge.max_eval_tokens=2048", "--set", "merge.lambdas=3"], capsys)
+    assert code == 0, err
+    barrier = json.loads((tmp_path / "example" / "barrier.json").read_text())
+    assert barrier["method"] == "wm" and barrier["data"]["spec"].endswith("examples/stdlib-pair/heldout.txt")
+    assert barrier["data"]["seq_len"] == 128 and barrier["data"]["tokens"] == 2048  # the recipe's and --set's
+    assert [Path(m).resolve() for m in barrier["models"]] == [EXAMPLE_PAIR / "model-a", EXAMPLE_PAIR / "model-b"]
