@@ -46,7 +46,7 @@ PAIRS: dict[str, dict] = {
         "config": dict(n_embd=64, n_layer=4, n_head=4, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
                        attn_pdrop=0.0),
         "seq_len": 128,
-        "training": dict(steps=200, batch_size=16, lr=3e-3, warmup=10, weight_decay=0.1),
+        "training": dict(steps=800, batch_size=4, lr=3e-3, warmup=40, weight_decay=0.1),
     },
     "neox-shakespeare": {
         "task": "causal-lm",
@@ -55,7 +55,7 @@ PAIRS: dict[str, dict] = {
                        rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=256,
                        tie_word_embeddings=False),
         "seq_len": 128,
-        "training": dict(steps=200, batch_size=16, lr=3e-3, warmup=10, weight_decay=0.1),
+        "training": dict(steps=800, batch_size=4, lr=3e-3, warmup=40, weight_decay=0.1),
     },
     "vit-digits": {
         "task": "image-classification",

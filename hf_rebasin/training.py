@@ -7,6 +7,7 @@ deterministic for a given seed: the seed sets both the initialisation and the da
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -189,6 +190,12 @@ def classifier_metrics(model: torch.nn.Module, images: torch.Tensor, labels: tor
     return total / len(images), correct / len(images)
 
 
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomically(out_dir: str | Path, write) -> Path:
     """Call write(tmp_dir) on a temporary folder beside out_dir, then move it into place.
 
@@ -199,6 +206,7 @@ def write_atomically(out_dir: str | Path, write) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; the result is an ordinary folder
         write(tmp)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,9 @@ def test_save_lm_reloads_with_stock_code_and_same_logits(char_data, tmp_path):
     model = train_causal_lm(tiny_neox(), windows, seed=3, steps=3, batch_size=4, lr=1e-3, progress=False)
     out = save_lm(model, tokenizer, tmp_path / "lm")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lm"]  # no temporary folder left beside it
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # an ordinary folder, not mkdtemp's private one
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
     with torch.no_grad():
