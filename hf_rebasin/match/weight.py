@@ -17,7 +17,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..canonical import Graph, Spec, layer_key, residual_role
-from ..symmetry import Transform, rotary_pairs, rotate_residual, transform_layer
+from ..symmetry import Transform, apply, rotary_pairs, rotate_residual, transform_layer
 from .linalg import (assignment, balance, best_permutation_matrix, procrustes, procrustes_fixing_ones,
                      rotation_2d)
 
@@ -246,7 +246,6 @@ def weight_matching(a: Graph, b: Graph, *, residual: str = "orthogonal", head_ma
     spec = a.spec
     full = head_maps
     t_a = balance_transform(a, head_maps=full and balance_a, glu=full and balance_a)
-    from ..symmetry import apply
     pa = apply(a, t_a).params
     t = Transform.identity(spec)
     # Seed G from what both models index alike: embeddings (tokens, positions, patches) and the head.
