@@ -1,5 +1,6 @@
-"""Merging N > 2 models: one coordinate system for all (weight matching to a running average),
-the barrier over the simplex, the centroid exported.
+"""Merging N > 2 models: one coordinate system for all (weight matching to a running average, then,
+with --method lm / dual, one learned group element per model: match/learned_many.py), the barrier
+over the simplex, the centroid exported.
 
 barrier (N-way) = max over a simplex lattice of  L(sum_i w_i θ_i) - sum_i w_i L(θ_i).
 The lattice holds every w with entries k/r (r = --simplex-resolution), the vertices and the
@@ -20,6 +21,9 @@ from . import __version__
 from .barrier import evaluate
 from .canonical import interpolate
 from .cli import UserError
+from .match import LEARNED
+from .match.learned import continue_on_main_process, settings_from_args, training_data, validate
+from .match.learned_many import learn_many
 from .match.multi import align_many
 from .models import canonicalise, check_compatible, check_same_structure, instantiate, load, save
 from .symmetry import apply
@@ -36,9 +40,9 @@ def default_resolution(n: int) -> int:
 
 def align_all(args, progress: bool = True):
     from .merge import DEFAULT_LM_DATA, check_vocabularies, load_eval_data
-    if args.method not in ("wm", "raw"):
-        raise UserError(f"--method {args.method} is not available for {len(args.models)} models yet; "
-                        "use wm (weight matching to a running average) or raw")
+    if args.method not in ("wm", "raw", "lm", "dual"):
+        raise UserError(f"--method {args.method} is not available for {len(args.models)} models; use wm (weight "
+                        "matching to a running average), lm or dual (learned on top of it) or raw")
     timings, start = {}, time.perf_counter()
     loaded = [load(s) for s in args.models]
     for other in loaded[1:]:
@@ -53,17 +57,34 @@ def align_all(args, progress: bool = True):
         raise UserError("--data is required for image models (an ImageFolder, an .npz or a Hub dataset)")
     data = load_eval_data(data_spec, loaded[0], seq_len=args.seq_len, max_tokens=args.max_eval_tokens,
                           max_examples=args.max_eval_examples, text_field=args.text_field)
+    settings = {}
+    if args.method in LEARNED:
+        learn_settings = settings_from_args(args, args.method)
+        validate(learn_settings)
+        match_spec = args.match_data or data_spec
+        match_data = data if match_spec == data_spec else load_eval_data(
+            match_spec, loaded[0], seq_len=args.seq_len, max_tokens=args.max_eval_tokens,
+            max_examples=args.max_eval_examples, text_field=args.text_field)
+        train = training_data(learn_settings, args, loaded[0], match_data, data, progress)
     start = time.perf_counter()
-    if args.method == "wm":
-        transforms, log = align_many(graphs, max_rounds=args.rounds, progress=progress)
-        graphs = [apply(g, t) for g, t in zip(graphs, transforms)]
-    else:
+    if args.method == "raw":
         transforms, log = [None] * len(graphs), []
+    else:
+        transforms, log = align_many(graphs, max_rounds=args.rounds, progress=progress)
+    if args.method in LEARNED:
+        log = [{"stage": "wm", **entry} for entry in log]
+        transforms, learned_log, settings, accelerator = learn_many(graphs, transforms, loaded[0], train, data,
+                                                                     learn_settings, progress=progress)
+        log += learned_log
+        continue_on_main_process(accelerator)
+    if args.method != "raw":
+        graphs = [apply(g, t) for g, t in zip(graphs, transforms)]
     timings["match_s"] = time.perf_counter() - start
-    return loaded, graphs, transforms, log, data, data_spec, timings
+    return loaded, graphs, transforms, log, data, data_spec, timings, settings
 
 
-def simplex_report(args, loaded, graphs, log, data, data_spec, timings, progress: bool = True) -> dict:
+def simplex_report(args, loaded, graphs, log, data, data_spec, timings, learned_settings: dict | None = None,
+                   progress: bool = True) -> dict:
     from .merge import source_license, versions
     n = len(graphs)
     resolution = args.simplex_resolution or default_resolution(n)
@@ -87,9 +108,11 @@ def simplex_report(args, loaded, graphs, log, data, data_spec, timings, progress
         metric: [r[metric] for r in results], "excess": excess, "endpoint_loss": vertex,
         "barrier": excess[worst], "barrier_lambda": list(grid[worst]),
         "merged_loss": losses[on_grid[0]], "data": {**(data.info or {}), "spec": data_spec},
-        "settings": {"simplex_resolution": resolution, "rounds": args.rounds, "batch_size": args.batch_size},
+        "settings": {"simplex_resolution": resolution, "rounds": args.rounds, "batch_size": args.batch_size,
+                     **(learned_settings or {})},
         "match_log": log, "timings": timings, "versions": versions(),
-        "command": "hf-rebasin " + shlex.join(args.argv), "notes": list(loaded[0].spec.notes),
+        "command": "hf-rebasin " + shlex.join(args.argv),
+        "notes": list(loaded[0].spec.notes) + list((learned_settings or {}).get("notes", [])),
         "license": licences.pop() if len(licences) == 1 else None,
     }
 
@@ -129,8 +152,8 @@ def print_summary(report: dict) -> None:
 
 def run_many(args, out: Path | None, json_path: Path | None = None) -> int:
     from .merge import atomic_output_dir
-    loaded, graphs, transforms, log, data, data_spec, timings = align_all(args)
-    report = simplex_report(args, loaded, graphs, log, data, data_spec, timings)
+    loaded, graphs, transforms, log, data, data_spec, timings, settings = align_all(args)
+    report = simplex_report(args, loaded, graphs, log, data, data_spec, timings, settings)
     if out is not None:
         from safetensors.torch import save_file
         with atomic_output_dir(out, args.force) as tmp:

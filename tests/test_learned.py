@@ -195,6 +195,62 @@ def test_dual_trains_through_the_equivalent_single_sided_path(kind, tiny_dirs, t
     assert loss == pytest.approx(evaluate(models.instantiate(merged, template), batch)["loss"], abs=1e-4)
 
 
+# --- N models -----------------------------------------------------------------------------------------
+
+def test_dirichlet_weights_of_an_n_way_plan():
+    from hf_rebasin.match.train_loop import StepPlan
+    uniform = StepPlan(100, 8, seed=3, lambda_range=(0.0, 1.0), n_models=3, concentration=1)
+    narrow = StepPlan(100, 8, seed=3, lambda_range=(0.4, 0.6), n_models=3, concentration=36)
+    draws = {name: torch.tensor([plan.lam(step) for step in range(400)]) for name, plan in
+             (("uniform", uniform), ("narrow", narrow))}
+    for w in draws.values():
+        assert w.shape == (400, 3) and (w > 0).all() and torch.allclose(w.sum(1), torch.ones(400, dtype=w.dtype))
+        assert (w.mean(0) - 1 / 3).abs().max() < 0.05  # symmetric
+    # Dirichlet(c): the variance of a weight is (1/3)(2/3)/(3c + 1)
+    for name, c in (("uniform", 1), ("narrow", 36)):
+        expected = (1 / 3) * (2 / 3) / (3 * c + 1)
+        assert float(draws[name][:, 0].var()) == pytest.approx(expected, rel=0.25), name
+    assert uniform.lam(17) == StepPlan(100, 8, 3, (0.0, 1.0), 3, 1).lam(17)  # a function of (seed, step)
+
+
+@pytest.mark.parametrize("kind,method", [("llama_gqa_tied", "dual"), ("vit", "lm"), ("gpt_neox", "dual")])
+def test_n_way_learned_transforms_are_exact_symmetries(kind, method, tiny_dirs, tmp_path):
+    from hf_rebasin.match.learned_many import SimplexLoss, learn_many
+    from hf_rebasin.match.params import SymmetryParams
+    template, first = graph_of(tiny_dirs[kind])
+    dirs = [tiny_dirs[kind]] + [tiny.make_tiny(kind, tmp_path / f"m{seed}", seed=seed) for seed in (5, 6)]
+    graphs = [first] + [graph_of(d)[1] for d in dirs[1:]]
+    start = [symmetry.random_transform(g.spec, seed=10 + k) for k, g in enumerate(graphs)]
+    data = random_images() if kind in tiny.VIT_CONFIGS else random_windows()
+    settings = LearnSettings(method=method, steps=3, lr=0.05, batch_size=8, eval_every=0, inv="direct")
+    transforms, log, info, _ = learn_many(graphs, start, template, data, None, settings, progress=False)
+    learned = [0, 1, 2] if method == "dual" else [1, 2]
+    assert len(log) >= 3 and all(len(entry["lambda"]) == 3 for entry in log if "lambda" in entry)
+    for k in range(3):
+        moved = float((transforms[k].rotation - start[k].rotation).abs().max())
+        assert (moved > 1e-3) == (k in learned), (k, moved)  # lm keeps model 0's frame
+    x = tiny.example_inputs(kind, seed=4)
+    for d, graph, transform in zip(dirs, graphs, transforms):
+        assert (outputs_of(apply(graph, transform), template, x) - tiny.outputs(models.load(d).model, x)).abs().max() < 1e-4
+    # the loss trained on is the loss of the exported weighted average
+    ends = {str(k): SymmetryParams(g.spec, t) for k, (g, t) in enumerate(zip(graphs, transforms))}
+    path = SimplexLoss(graphs, ends, template, data.task)
+    batch = EvalData(data.task, data.inputs[:8], None if data.labels is None else data.labels[:8])
+    weights = (0.5, 0.2, 0.3)
+    with torch.no_grad():
+        trained_loss = float(path(batch.inputs, batch.labels, weights))
+    merged = interpolate([apply(g, t) for g, t in zip(graphs, transforms)], list(weights))
+    assert trained_loss == pytest.approx(evaluate(models.instantiate(merged, template), batch)["loss"], abs=1e-4)
+
+
+def test_n_way_plain_init_is_refused(tiny_dirs, tmp_path):
+    from hf_rebasin.match.learned_many import learn_many
+    template, graph = graph_of(tiny_dirs["gpt_neox"])
+    with pytest.raises(UserError, match="--init absorbed"):
+        learn_many([graph] * 3, [symmetry.Transform.identity(graph.spec)] * 3, template, random_windows(), None,
+                   LearnSettings(method="dual", init="plain", steps=2, batch_size=8), progress=False)
+
+
 # --- accelerate: two processes, one process ---------------------------------------------------------
 
 def test_two_processes_follow_one(neox_pair, tmp_path):
@@ -268,7 +324,7 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(neox_pair, tmp_path):
 
 @pytest.fixture(scope="module")
 def trained_pair(tmp_path_factory):
-    """Two tiny GPT-NeoX models trained from two seeds on Tiny Shakespeare (char-level), with a
+    """Three tiny GPT-NeoX models trained from three seeds on Tiny Shakespeare (char-level), with a
     train split and a held-out split of the text."""
     import transformers
     from hf_rebasin.data import token_windows
@@ -280,7 +336,7 @@ def trained_pair(tmp_path_factory):
     tokenizer = tiny.tiny_tokenizer(97)
     windows = token_windows([text[:200_000]], tokenizer, 32)
     config_class, kwargs = tiny.LM_CONFIGS["gpt_neox"]
-    for seed in (0, 1):
+    for seed in (0, 1, 2):
         model = train_causal_lm(getattr(transformers, config_class)(**kwargs), windows, seed=seed, steps=300,
                                 batch_size=16, lr=1e-2, progress=False)
         save_lm(model, tokenizer, root / f"model-{seed}")
@@ -317,6 +373,29 @@ def test_learned_matching_lowers_the_held_out_barrier(trained_pair, tmp_path):
     windows, _ = load_token_windows(str(root / "test.txt"), AutoTokenizer.from_pretrained(tmp_path / "dual"), 32, 8192)
     loss = evaluate(models.load(tmp_path / "dual").model, EvalData("causal-lm", windows), batch_size=64)["loss"]
     assert loss == pytest.approx(dual["merged_loss"], abs=1e-3)
+
+
+def test_three_way_dual_lowers_the_simplex_barrier(trained_pair, tmp_path):
+    root = trained_pair
+    common = [*(str(root / f"model-{seed}") for seed in (0, 1, 2)), "--data", str(root / "test.txt"),
+              "--seq-len", "32", "--max-eval-tokens", "8192", "--simplex-resolution", "3", "--batch-size", "64"]
+    assert main(["barrier", *common, "--method", "wm", "--json", str(tmp_path / "wm.json")]) == 0
+    wm = json.loads((tmp_path / "wm.json").read_text())
+    assert main(["merge", *common, "--method", "dual", "--out", str(tmp_path / "dual"), "--train-data",
+                 str(root / "train.txt"), "--steps", "100", "--lr", "1e-2", "--eval-every", "50",
+                 "--learn-batch-size", "16"]) == 0
+    dual = json.loads((tmp_path / "dual" / "barrier.json").read_text())
+    assert dual["n_models"] == 3 and dual["method"] == "dual" and len(dual["lambdas"]) == 10
+    # measured: wm 0.090, dual 0.039 (worst excess over the lattice)
+    assert wm["barrier"] > 0.05 and dual["barrier"] < wm["barrier"] - 0.03, (wm["barrier"], dual["barrier"])
+    assert dual["endpoint_loss"] == pytest.approx(wm["endpoint_loss"], abs=1e-4)  # exact symmetries
+    assert dual["settings"]["learned"]["method"] == "dual" and not dual["settings"]["notes"]
+    assert any("heldout_midpoint_barrier" in entry for entry in dual["match_log"])
+    from transformers import AutoTokenizer
+    from hf_rebasin.data import load_token_windows
+    windows, _ = load_token_windows(str(root / "test.txt"), AutoTokenizer.from_pretrained(tmp_path / "dual"), 32, 8192)
+    loss = evaluate(models.load(tmp_path / "dual").model, EvalData("causal-lm", windows), batch_size=64)["loss"]
+    assert loss == pytest.approx(dual["merged_loss"], abs=1e-3)  # the export is the centroid of the learned frame
 
 
 # --- bad input ----------------------------------------------------------------------------------------

@@ -49,6 +49,9 @@ from .params import INV_KINDS, ORTH_KINDS, SymmetryParams, compose, relative_con
 METHOD_NAMES = ("lm", "dual")
 LAMBDA_RANGES = {"uniform": (0.0, 1.0), "narrow": (0.4, 0.6)}
 DEFAULT_LAMBDA = {"lm": "narrow", "dual": "uniform"}  # Theus et al. / Li & Shen
+# N > 2 models: weights ~ Dirichlet(c, ..., c).  c = 1 is uniform on the simplex; c = 36 gives two models
+# Beta(36, 36), whose spread (std 0.058) is that of U(0.4, 0.6)
+DIRICHLET_CONCENTRATION = {"uniform": 1, "narrow": 36}
 
 
 @dataclass
@@ -210,6 +213,13 @@ class PathLoss(nn.Module):
         self.__dict__["model"] = strip_parameters(instantiate(graph_a, template))  # not a submodule
         self.__dict__["norms"] = norm_modules(self.model) if graph_a.spec.scale_exact else []
 
+    n_models = 2
+    vertices = (0.0, 1.0)  # the endpoints and the midpoint, as `lam` values (for the held-out estimate)
+    centre = 0.5
+
+    def weights(self, lam) -> list[float]:
+        return [1.0 - float(lam), float(lam)]
+
     def to_device(self, device) -> "PathLoss":
         self.to(device)
         self.model.to(device)
@@ -227,30 +237,32 @@ class PathLoss(nn.Module):
         return ("a" in self.ends and not self.ends["a"].has_permutations()
                 and not self.ends["b"].has_learned_permutations())
 
-    def point(self, lam: float, rows: Tensor | None = None) -> Graph:
-        """The point of the path that is trained on.  With `rows` (the token ids of the batch) only those rows
-        of the token embedding are transformed and interpolated: the others are never looked up, so the
-        loss is the same, at T·d² instead of V·d² for the embedding."""
-        key = f"embed.{self.graphs['a'].spec.token_embedding}"
-        graphs = self.graphs
-        if rows is not None:
-            graphs = {k: g.replace({**g.params, key: g.params[key][rows]}) for k, g in graphs.items()}
+    def end_graphs(self, graphs: dict[str, Graph]) -> list[Graph]:
         if self.relative:
             a, b = self.ends["a"], self.ends["b"]
             relative = relative_continuous(a._continuous(), b._continuous(), b.spec)
-            ends = [graphs["a"], b.apply(graphs["b"], relative)]
-        else:
-            ends = [self.endpoint("a", graphs), self.endpoint("b", graphs)]
-        point = interpolate(ends, [1.0 - lam, lam])
-        if rows is not None:  # unused rows: A's own (any value would do)
-            full = self.graphs["a"].params[key].index_put((rows,), point.params[key])
+            return [graphs["a"], b.apply(graphs["b"], relative)]
+        return [self.endpoint(name, graphs) for name in graphs]
+
+    def point(self, lam, rows: Tensor | None = None) -> Graph:
+        """The point of the path that is trained on.  With `rows` (the token ids of the batch) only those rows
+        of the token embedding are transformed and interpolated: the others are never looked up, so the
+        loss is the same, at T·d² instead of V·d² for the embedding."""
+        first = next(iter(self.graphs.values()))
+        key = f"embed.{first.spec.token_embedding}"
+        graphs = self.graphs
+        if rows is not None:
+            graphs = {k: g.replace({**g.params, key: g.params[key][rows]}) for k, g in graphs.items()}
+        point = interpolate(self.end_graphs(graphs), self.weights(lam))
+        if rows is not None:  # unused rows: the first model's own (any value would do)
+            full = first.params[key].index_put((rows,), point.params[key])
             point = point.replace({**point.params, key: full})
         return point
 
     def forward(self, inputs: Tensor, labels: Tensor | None, lam: float) -> Tensor:
         from torch.func import functional_call
-        sparse = self.task == "causal-lm" and self.graphs["a"].spec.token_embedding is not None
-        point = self.point(float(lam), torch.unique(inputs) if sparse else None)
+        sparse = self.task == "causal-lm" and next(iter(self.graphs.values())).spec.token_embedding is not None
+        point = self.point(lam, torch.unique(inputs) if sparse else None)
         state_dict, _ = self.template.adapter.from_canonical(point, self.template.config)
         for module, attr in self.norms:  # the residual scale g is exact only with eps scaled by g^2
             setattr(module, attr, point.norm_eps)
@@ -364,13 +376,11 @@ def learn_transforms(a: Graph, b: Graph, template, train, eval_data, settings: L
     return MatchResult(t_a, t_b, wm_log + log, out_settings), accelerator
 
 
-def _entry(method: str, a: Graph, b: Graph, *, progress: bool = True, data=None, template=None,
-           cli_args=None, eval_data=None, **_):
-    settings = settings_from_args(cli_args, method) if cli_args is not None else LearnSettings(method=method)
-    validate(settings)
-    if template is None:
-        raise UserError(f"--method {method} needs the model template (the loaded model A) to run the task loss")
-    train = data
+def training_data(settings: LearnSettings, cli_args, template, fallback, eval_data, progress: bool = True):
+    """The data learned matching trains on: --train-data, else `fallback` (the match data); warns when that
+    is the evaluation data itself."""
+    method = settings.method
+    train = fallback
     if settings.train_data:
         from ..merge import load_eval_data
         get = lambda name, default=None: getattr(cli_args, name, default)  # noqa: E731
@@ -383,13 +393,28 @@ def _entry(method: str, a: Graph, b: Graph, *, progress: bool = True, data=None,
     if train is eval_data and progress:
         print(f"hf-rebasin: warning: --method {method} trains on the evaluation data (--data); pass --train-data "
               "with a separate split for an honest held-out barrier", file=sys.stderr)
-    result, accelerator = learn_transforms(a, b, template, train, eval_data, settings, progress=progress,
-                                           wm_rounds=getattr(cli_args, "rounds", 10))
+    return train
+
+
+def continue_on_main_process(accelerator) -> None:
+    """After training under `accelerate launch`: evaluation and export run once, on the main process."""
     if accelerator.num_processes > 1:
         accelerator.wait_for_everyone()
-        if not accelerator.is_main_process:  # evaluation and export run once, on the main process
+        if not accelerator.is_main_process:
             accelerator.end_training()
             raise SystemExit(0)
+
+
+def _entry(method: str, a: Graph, b: Graph, *, progress: bool = True, data=None, template=None,
+           cli_args=None, eval_data=None, **_):
+    settings = settings_from_args(cli_args, method) if cli_args is not None else LearnSettings(method=method)
+    validate(settings)
+    if template is None:
+        raise UserError(f"--method {method} needs the model template (the loaded model A) to run the task loss")
+    train = training_data(settings, cli_args, template, data, eval_data, progress)
+    result, accelerator = learn_transforms(a, b, template, train, eval_data, settings, progress=progress,
+                                           wm_rounds=getattr(cli_args, "rounds", 10))
+    continue_on_main_process(accelerator)
     return result
 
 

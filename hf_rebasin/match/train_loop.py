@@ -44,8 +44,10 @@ def make_accelerator(settings):
 class StepPlan:
     """Which examples and which λ each step uses: fresh permutations of the data, back to back."""
 
-    def __init__(self, n_examples: int, batch_size: int, seed: int, lambda_range: tuple[float, float]):
+    def __init__(self, n_examples: int, batch_size: int, seed: int, lambda_range: tuple[float, float],
+                 n_models: int = 2, concentration: int = 1):
         self.n, self.batch_size, self.seed, self.range = n_examples, batch_size, seed, lambda_range
+        self.n_models, self.concentration = n_models, concentration
         self._perms: dict[int, torch.Tensor] = {}
 
     def _perm(self, epoch: int) -> torch.Tensor:
@@ -61,8 +63,14 @@ class StepPlan:
         epochs, offsets = positions // self.n, positions % self.n
         return torch.stack([self._perm(int(e))[int(o)] for e, o in zip(epochs, offsets)])
 
-    def lam(self, step: int) -> float:
+    def lam(self, step: int) -> float | tuple[float, ...]:
+        """λ of the step for two models; for N > 2 the interpolation weights, drawn from a symmetric
+        Dirichlet(c) (c = `concentration`, an integer: Gamma(c, 1) is a sum of c unit exponentials)."""
         gen = torch.Generator().manual_seed(self.seed * 7_919 + 104_729 * (step + 1))
+        if self.n_models > 2:
+            u = torch.rand((self.n_models, self.concentration), generator=gen, dtype=torch.float64)
+            gamma = -torch.log1p(-u).sum(dim=1)
+            return tuple(float(w) for w in gamma / gamma.sum())
         lo, hi = self.range
         return lo + (hi - lo) * float(torch.rand((), generator=gen, dtype=torch.float64))
 
@@ -190,7 +198,7 @@ def _subset(data, n: int):
 def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint: dict, resume_state: dict | None,
                      progress: bool = True, on_step=None) -> list[dict]:
     """Train path_loss's parameters for s.steps steps; returns the log (list of dicts)."""
-    from .learned import LAMBDA_RANGES
+    from .learned import DIRICHLET_CONCENTRATION, LAMBDA_RANGES
     device, main = accelerator.device, accelerator.is_main_process
     rank, world = accelerator.process_index, accelerator.num_processes
     params = [p for p in path_loss.parameters() if p.requires_grad]
@@ -204,7 +212,8 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
         warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
         model = accelerator.prepare_model(path_loss)
     micro = s.batch_size // (s.grad_accum * world)
-    plan = StepPlan(len(train.inputs), s.batch_size, s.seed, LAMBDA_RANGES[s.lambdas])
+    plan = StepPlan(len(train.inputs), s.batch_size, s.seed, LAMBDA_RANGES[s.lambdas], path_loss.n_models,
+                    DIRICHLET_CONCENTRATION[s.lambdas])
     held_out = _subset(eval_data, s.eval_subset) if s.eval_every > 0 else None
     log_every = max(1, s.steps // 100)
     tag = run_tag(s.method, fingerprint)
@@ -219,10 +228,10 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
         nonlocal ends
         if held_out is None or not main:
             return
-        if ends is None:  # the endpoints are exact symmetries of A and B: their losses never change
-            ends = [path_loss_at(path_loss, held_out, lam, s.eval_batch_size, device) for lam in (0.0, 1.0)]
-        mid = path_loss_at(path_loss, held_out, 0.5, s.eval_batch_size, device)
-        barrier = mid - (ends[0] + ends[1]) / 2
+        if ends is None:  # the endpoints are exact symmetries of the models: their losses never change
+            ends = [path_loss_at(path_loss, held_out, v, s.eval_batch_size, device) for v in path_loss.vertices]
+        mid = path_loss_at(path_loss, held_out, path_loss.centre, s.eval_batch_size, device)
+        barrier = mid - sum(ends) / len(ends)
         log.append({"step": step, "heldout_midpoint_loss": mid, "heldout_midpoint_barrier": barrier})
         postfix["mid-barrier"] = f"{barrier:.4f}"
 
@@ -261,7 +270,8 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
                 log.append({"step": done, "loss": mean_loss, "lambda": lam, "lr": optimizer.param_groups[0]["lr"]})
             if (s.eval_every and done % s.eval_every == 0) or done == s.steps:
                 estimate(done)
-            postfix.update(loss=f"{running:.4f}", lam=f"{lam:.2f}")
+            postfix.update(loss=f"{running:.4f}",
+                           lam=f"{lam:.2f}" if isinstance(lam, float) else "/".join(f"{w:.2f}" for w in lam))
             bar.set_postfix(postfix)
             bar.update(1)
             if main and s.checkpoint_every and done % s.checkpoint_every == 0:
