@@ -1,10 +1,11 @@
 """Barrier table: pairs the project trains from two seeds, every matching method, test-split barriers.
 
     .venv/bin/python benchmarks/barrier_table.py [--pairs neox-shakespeare,gpt2-shakespeare,vit-digits]
-                                                 [--methods raw,am,wm-perm,wm] [--json runs/barrier_table.json]
+                                                 [--methods raw,am,wm-perm,wm,lm,dual] [--json runs/barrier_table.json]
+                                                 [--learned-args "--steps 300 --lr 3e-3"]
 
 Pairs come from benchmarks/pairs.py (trained once, cached under runs/pairs/).  Evaluation on the
-test split; activation matching (and learned methods) use the validation split.  Prints a
+test split; activation matching uses the validation split, lm and dual train on the train split.  Prints a
 Markdown table for BENCHMARKS.md with the published Tiny Shakespeare figures of Theus et al.
 (Table 2: vanilla averaging 2.02, activation matching 1.43, weight matching 0.34) beside.
 """
@@ -21,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 PAPER = {"raw": 2.02, "am": 1.43, "wm": 0.34}  # Theus et al. Table 2, Tiny Shakespeare (their model and split)
 
 
-def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int) -> list[dict]:
+def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int,
+             learned: list[str] = ()) -> list[dict]:
     import pairs
     from hf_rebasin.cli import build_parser
     from hf_rebasin.merge import align, path_report
@@ -33,7 +35,7 @@ def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int
         if seq_len:
             argv += ["--seq-len", str(seq_len)]
         if method in ("lm", "dual"):
-            argv += ["--train-data", pair["train_data"]]
+            argv += ["--train-data", pair["train_data"], *learned]
         args = build_parser().parse_args(argv)
         args.argv = argv
         start = time.perf_counter()
@@ -45,7 +47,39 @@ def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int
                      "loss_mid": report["loss"][mid], "metric": metric,
                      "metric_a": report[metric][0], "metric_b": report[metric][-1], "metric_mid": report[metric][mid],
                      "match_s": report["timings"]["match_s"], "total_s": time.perf_counter() - start,
-                     "rounds": len(report.get("match_log", [])) - 1 if report.get("match_log") else None})
+                     "rounds": max(0, sum("distance" in e for e in report.get("match_log") or []) - 1)})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def run_three_way(name: str, methods: list[str], seq_len: int | None, max_tokens: int,
+                  learned: list[str] = ()) -> list[dict]:
+    """Models of seeds 0, 1 and 2 of a pair; barrier = worst excess over the simplex lattice (resolution 6)."""
+    import pairs
+    from hf_rebasin.cli import build_parser
+    from hf_rebasin.merge_many import align_all, simplex_report
+    pair = pairs.get_pair(name)
+    models = [pair["model_a"], pair["model_b"], pairs.extra_model(name, 2)]
+    rows = []
+    for method in methods:
+        argv = ["barrier", *models, "--method", method, "--data", pair["test_data"], "--max-eval-tokens", str(max_tokens)]
+        if seq_len:
+            argv += ["--seq-len", str(seq_len)]
+        if method in ("lm", "dual"):
+            argv += ["--train-data", pair["train_data"], *learned]
+        args = build_parser().parse_args(argv)
+        args.argv = argv
+        start = time.perf_counter()
+        loaded, graphs, _, log, data, spec, timings, settings = align_all(args)
+        report = simplex_report(args, loaded, graphs, log, data, spec, timings, settings)
+        metric = "perplexity" if report["task"] == "causal-lm" else "accuracy"
+        centre = report["lambdas"].index(report["alpha"]) if report["alpha"] in report["lambdas"] else None
+        rows.append({"pair": f"{name} (3 seeds)", "method": method, "barrier": report["barrier"],
+                     "loss_a": report["endpoint_loss"][0], "loss_b": report["endpoint_loss"][1],
+                     "loss_c": report["endpoint_loss"][2], "loss_mid": report["merged_loss"], "metric": metric,
+                     "metric_a": report[metric][0], "metric_b": report[metric][report["lambdas"].index([0.0, 1.0, 0.0])],
+                     "metric_mid": report[metric][centre] if centre is not None else float("nan"),
+                     "match_s": report["timings"]["match_s"], "total_s": time.perf_counter() - start})
         print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 
@@ -69,10 +103,16 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--max-eval-tokens", type=int, default=65536)
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
+    parser.add_argument("--three-way", default="", help="pairs to also merge three ways (a third seed is trained)")
+    parser.add_argument("--three-way-methods", default="wm,dual")
+    parser.add_argument("--learned-args", default="", help="extra merge flags for lm/dual, e.g. '--steps 200 --lr 1e-2'")
     args = parser.parse_args()
     rows = []
-    for name in args.pairs.split(","):
-        rows += run_pair(name, args.methods.split(","), args.seq_len, args.max_eval_tokens)
+    for name in filter(None, args.pairs.split(",")):
+        rows += run_pair(name, args.methods.split(","), args.seq_len, args.max_eval_tokens, args.learned_args.split())
+    for name in filter(None, args.three_way.split(",")):
+        rows += run_three_way(name, args.three_way_methods.split(","), args.seq_len, args.max_eval_tokens,
+                              args.learned_args.split())
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))

@@ -199,6 +199,30 @@ def get_pair(name: str, cache_dir: str | Path = "runs/pairs", *, progress: bool 
     return pair_paths(name, folder, record)
 
 
+def extra_model(name: str, seed: int, cache_dir: str | Path = "runs/pairs", *, progress: bool = True) -> str:
+    """A further model of a pair (same recipe and data, another seed), for N-way merges: cache_dir/name/model-seedN."""
+    pair = get_pair(name, cache_dir, progress=progress)
+    folder = resolve_cache(cache_dir) / name / f"model-seed{seed}"
+    if (folder / "config.json").is_file():
+        return str(folder)
+    settings = PAIRS[name]
+    if settings["task"] == "causal-lm":
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(pair["model_a"])
+        windows = token_windows(read_texts(pair["train_data"]), tokenizer, settings["seq_len"])
+        model = train_causal_lm(lm_config(settings, tokenizer), windows, seed=seed, progress=progress,
+                                **settings["training"])
+        save_lm(model, tokenizer, folder)
+    else:
+        model_args = settings["model_args"]
+        input_size = (model_args["in_chans"], model_args["img_size"], model_args["img_size"])
+        images, labels = read_images(pair["train_data"], input_size=input_size, mean=(0.5,), std=(0.5,))[:2]
+        model = train_vit(model_args, images, labels, seed=seed, progress=progress, **settings["training"])
+        save_vit(model, model_args, folder, model_config={"pretrained_cfg": {"tag": f"{name}-seed{seed}"},
+                                                          "label_names": list(map(str, range(10)))})
+    return str(folder)
+
+
 def describe(name: str, pair: dict) -> str:
     lines = [f"{name} ({pair['task']})"]
     for key in ("model_a", "model_b", "train_data", "val_data", "test_data"):
