@@ -74,6 +74,28 @@ def _barrier(a, b, method, kind, text_file, image_file, tmp_path, *extra):
     return json.loads(out.read_text())
 
 
+@pytest.mark.parametrize("kind", tiny.KINDS)
+def test_rotation_objective_is_the_distance_weight_matching_reports(kind, tiny_dirs, tmp_path):
+    """The residual Procrustes maximises tr(G^T M); that must be exactly the overlap term of the
+    distance the rounds are judged by, or the rounds drift and "best round" picks the wrong one."""
+    from hf_rebasin.match.weight import relative_distance, residual_cross
+    a = models.canonicalise(models.load(tiny_dirs[kind]))
+    b = models.canonicalise(models.load(tiny.make_tiny(kind, tmp_path / "b", seed=2)))
+    m = residual_cross(a.params, b.params)
+    norm_a = sum(float(v.double().pow(2).sum()) for v in a.params.values())
+    gen = torch.Generator().manual_seed(0)
+    d = a.spec.d_model
+    draw = (lambda: symmetry.random_rotation_fixing_ones(d, gen)) if a.spec.centred else \
+        (lambda: symmetry.random_orthogonal(d, gen))
+    distances, overlaps = [], []
+    for g in (draw(), draw()):
+        t = Transform.identity(a.spec)
+        t.rotation = g.float()
+        distances.append(relative_distance(a.params, b, t))
+        overlaps.append(float((g.float().double() * m).sum()))
+    assert distances[0] - distances[1] == pytest.approx(-2 * (overlaps[0] - overlaps[1]) / norm_a, rel=1e-4, abs=1e-7)
+
+
 @pytest.mark.parametrize("kind", ["gpt_neox", "llama_gqa_tied", "vit"])
 def test_activation_matching_recovers_a_permuted_copy(kind, tiny_dirs, tmp_path, text_file, image_file):
     twin = disguise(tiny_dirs[kind], tmp_path / "twin", seed=21, permutation_only=True)
@@ -239,3 +261,39 @@ def test_three_way_barrier_is_max_excess_over_the_simplex(tiny_dirs, tmp_path, t
     excess = [loss - sum(wi * li for wi, li in zip(w, ends)) for w, loss in zip(weights, losses)]
     assert report["barrier"] == pytest.approx(max(excess))
     assert weights.index([1.0, 0.0, 0.0]) >= 0 and losses[weights.index([1.0, 0.0, 0.0])] == ends[0]
+
+
+# --- weight matching on trained models -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained_gpt2_pair(tmp_path_factory):
+    """Two tiny GPT-2s (learned positional embeddings, tied head) trained from two seeds on Tiny
+    Shakespeare (char-level), and held-out text."""
+    import transformers
+    from hf_rebasin.data import token_windows
+    from hf_rebasin.training import save_lm, train_causal_lm
+    root = tmp_path_factory.mktemp("trained_gpt2")
+    text = (SHARED_DATA / "tinyshakespeare.txt").read_text()
+    (root / "test.txt").write_text(text[-40_000:])
+    tokenizer = tiny.tiny_tokenizer(97)
+    windows = token_windows([text[:200_000]], tokenizer, 32)
+    config_class, kwargs = tiny.LM_CONFIGS["gpt2"]
+    for seed in (0, 1):
+        model = train_causal_lm(getattr(transformers, config_class)(**kwargs), windows, seed=seed, steps=300,
+                                batch_size=16, lr=1e-2, progress=False)
+        save_lm(model, tokenizer, root / f"model-{seed}")
+    return root
+
+
+def test_weight_matching_removes_most_of_a_trained_pairs_barrier(trained_gpt2_pair, tmp_path):
+    root = trained_gpt2_pair
+    barrier = {}
+    for method in ("raw", "wm-perm", "wm"):
+        out = tmp_path / f"{method}.json"
+        assert main(["barrier", str(root / "model-0"), str(root / "model-1"), "--method", method, "--data",
+                     str(root / "test.txt"), "--seq-len", "32", "--max-eval-tokens", "8192", "--lambdas", "5",
+                     "--batch-size", "64", "--json", str(out)]) == 0
+        barrier[method] = json.loads(out.read_text())["barrier"]
+    print(barrier)
+    assert barrier["raw"] > 0.3, barrier  # there is a barrier to remove
+    assert barrier["wm"] < 0.5 * barrier["raw"] and barrier["wm"] < barrier["wm-perm"], barrier
