@@ -22,22 +22,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 PAPER = {"raw": 2.02, "am": 1.43, "wm": 0.34}  # Theus et al. Table 2, Tiny Shakespeare (their model and split)
 
 
+def barrier_args(pair: dict, models: list[str], method: str, seq_len: int | None, max_tokens: int,
+                 learned: list[str]):
+    """The parsed `hf-rebasin barrier` command for models of a pair: test split, am on the validation
+    split, lm/dual trained on the train split."""
+    from hf_rebasin.cli import build_parser
+    argv = ["barrier", *models, "--method", method, "--data", pair["test_data"], "--match-data", pair["val_data"],
+            "--max-eval-tokens", str(max_tokens)]
+    if seq_len:
+        argv += ["--seq-len", str(seq_len)]
+    if method in ("lm", "dual"):
+        argv += ["--train-data", pair["train_data"], *learned]
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    return args
+
+
 def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int,
              learned: list[str] = ()) -> list[dict]:
     import pairs
-    from hf_rebasin.cli import build_parser
     from hf_rebasin.merge import align, path_report
     pair = pairs.get_pair(name)
     rows = []
     for method in methods:
-        argv = ["barrier", pair["model_a"], pair["model_b"], "--method", method, "--data", pair["test_data"],
-                "--match-data", pair["val_data"], "--max-eval-tokens", str(max_tokens)]
-        if seq_len:
-            argv += ["--seq-len", str(seq_len)]
-        if method in ("lm", "dual"):
-            argv += ["--train-data", pair["train_data"], *learned]
-        args = build_parser().parse_args(argv)
-        args.argv = argv
+        args = barrier_args(pair, [pair["model_a"], pair["model_b"]], method, seq_len, max_tokens, learned)
         start = time.perf_counter()
         report = path_report(args, *align(args))
         metric = "perplexity" if report["task"] == "causal-lm" else "accuracy"
@@ -56,19 +64,12 @@ def run_three_way(name: str, methods: list[str], seq_len: int | None, max_tokens
                   learned: list[str] = ()) -> list[dict]:
     """Models of seeds 0, 1 and 2 of a pair; barrier = worst excess over the simplex lattice (resolution 6)."""
     import pairs
-    from hf_rebasin.cli import build_parser
     from hf_rebasin.merge_many import align_all, simplex_report
     pair = pairs.get_pair(name)
     models = [pair["model_a"], pair["model_b"], pairs.extra_model(name, 2)]
     rows = []
     for method in methods:
-        argv = ["barrier", *models, "--method", method, "--data", pair["test_data"], "--max-eval-tokens", str(max_tokens)]
-        if seq_len:
-            argv += ["--seq-len", str(seq_len)]
-        if method in ("lm", "dual"):
-            argv += ["--train-data", pair["train_data"], *learned]
-        args = build_parser().parse_args(argv)
-        args.argv = argv
+        args = barrier_args(pair, models, method, seq_len, max_tokens, learned)
         start = time.perf_counter()
         loaded, graphs, _, log, data, spec, timings, settings = align_all(args)
         report = simplex_report(args, loaded, graphs, log, data, spec, timings, settings)

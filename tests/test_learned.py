@@ -21,7 +21,7 @@ from hf_rebasin.match.params import (GeneralLinear, HeadMaps, LearnedPermutation
                                      compose)
 from hf_rebasin.symmetry import apply
 
-from conftest import REPO, SHARED_DATA
+from conftest import REPO, SHARED_DATA, train_char_models
 
 # max |difference| of any transform entry between 2 processes and 1 (same global batch), after 6 dual
 # steps at lr 2e-2; measured differences are ~3e-6 (gloo's all-reduce sums in another order)
@@ -326,21 +326,7 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(neox_pair, tmp_path):
 def trained_pair(tmp_path_factory):
     """Three tiny GPT-NeoX models trained from three seeds on Tiny Shakespeare (char-level), with a
     train split and a held-out split of the text."""
-    import transformers
-    from hf_rebasin.data import token_windows
-    from hf_rebasin.training import save_lm, train_causal_lm
-    root = tmp_path_factory.mktemp("trained")
-    text = (SHARED_DATA / "tinyshakespeare.txt").read_text()
-    (root / "train.txt").write_text(text[:200_000])
-    (root / "test.txt").write_text(text[-40_000:])
-    tokenizer = tiny.tiny_tokenizer(97)
-    windows = token_windows([text[:200_000]], tokenizer, 32)
-    config_class, kwargs = tiny.LM_CONFIGS["gpt_neox"]
-    for seed in (0, 1, 2):
-        model = train_causal_lm(getattr(transformers, config_class)(**kwargs), windows, seed=seed, steps=300,
-                                batch_size=16, lr=1e-2, progress=False)
-        save_lm(model, tokenizer, root / f"model-{seed}")
-    return root
+    return train_char_models(tmp_path_factory.mktemp("trained"), "gpt_neox", (0, 1, 2))
 
 
 def test_learned_matching_lowers_the_held_out_barrier(trained_pair, tmp_path):

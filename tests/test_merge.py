@@ -11,7 +11,7 @@ from hf_rebasin import models, symmetry, tiny
 from hf_rebasin.cli import main
 from hf_rebasin.symmetry import Transform
 
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, train_char_models
 
 
 @pytest.fixture(scope="module")
@@ -269,20 +269,7 @@ def test_three_way_barrier_is_max_excess_over_the_simplex(tiny_dirs, tmp_path, t
 def trained_gpt2_pair(tmp_path_factory):
     """Two tiny GPT-2s (learned positional embeddings, tied head) trained from two seeds on Tiny
     Shakespeare (char-level), and held-out text."""
-    import transformers
-    from hf_rebasin.data import token_windows
-    from hf_rebasin.training import save_lm, train_causal_lm
-    root = tmp_path_factory.mktemp("trained_gpt2")
-    text = (SHARED_DATA / "tinyshakespeare.txt").read_text()
-    (root / "test.txt").write_text(text[-40_000:])
-    tokenizer = tiny.tiny_tokenizer(97)
-    windows = token_windows([text[:200_000]], tokenizer, 32)
-    config_class, kwargs = tiny.LM_CONFIGS["gpt2"]
-    for seed in (0, 1):
-        model = train_causal_lm(getattr(transformers, config_class)(**kwargs), windows, seed=seed, steps=300,
-                                batch_size=16, lr=1e-2, progress=False)
-        save_lm(model, tokenizer, root / f"model-{seed}")
-    return root
+    return train_char_models(tmp_path_factory.mktemp("trained_gpt2"), "gpt2", (0, 1))
 
 
 def test_weight_matching_removes_most_of_a_trained_pairs_barrier(trained_gpt2_pair, tmp_path):
