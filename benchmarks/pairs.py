@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -107,6 +108,26 @@ def lm_config(settings: dict, tokenizer):
                         eos_token_id=tokenizer.eos_token_id, **settings["config"])
 
 
+def train_lm_seed(settings: dict, tokenizer, train_windows: torch.Tensor, seed: int, out: Path, progress: bool):
+    model = train_causal_lm(lm_config(settings, tokenizer), train_windows, seed=seed, progress=progress,
+                            **settings["training"])
+    save_lm(model, tokenizer, out)
+    return model
+
+
+def train_vit_seed(name: str, images, labels, seed: int, out: Path, progress: bool):
+    settings = PAIRS[name]
+    model = train_vit(settings["model_args"], images, labels, seed=seed, progress=progress, **settings["training"])
+    save_vit(model, settings["model_args"], out,
+             model_config={"pretrained_cfg": {"tag": f"{name}-seed{seed}"}, "label_names": list(map(str, range(10)))})
+    return model
+
+
+def vit_input_size(settings: dict) -> tuple[int, int, int]:
+    model_args = settings["model_args"]
+    return model_args["in_chans"], model_args["img_size"], model_args["img_size"]
+
+
 def build_lm_pair(name: str, folder: Path, progress: bool) -> dict:
     from transformers import AutoTokenizer
 
@@ -120,10 +141,8 @@ def build_lm_pair(name: str, folder: Path, progress: bool) -> dict:
     metrics: dict = {"tokens": {split: int(w.numel()) for split, w in windows.items()}, "ln_vocab": math.log(len(tokenizer))}
     for key, seed in SEEDS.items():
         start = time.perf_counter()
-        model = train_causal_lm(lm_config(settings, tokenizer), windows["train"], seed=seed, progress=progress,
-                                **settings["training"])
+        model = train_lm_seed(settings, tokenizer, windows["train"], seed, folder / FOLDERS[key], progress)
         seconds = time.perf_counter() - start
-        save_lm(model, tokenizer, folder / FOLDERS[key])
         metrics[key] = {"seed": seed, "train_seconds": round(seconds, 1),
                         "val_loss": causal_lm_loss(model, windows["val"]),
                         "test_loss": causal_lm_loss(model, windows["test"])}
@@ -146,20 +165,17 @@ def digits_splits(settings: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def build_vit_pair(name: str, folder: Path, progress: bool) -> dict:
     settings = PAIRS[name]
-    model_args = settings["model_args"]
     for split, (images, labels) in digits_splits(settings).items():
         write_atomic_bytes(folder / f"{split}.npz",
                            lambda path, images=images, labels=labels: np.savez(path, images=images, labels=labels))
-    input_size = (model_args["in_chans"], model_args["img_size"], model_args["img_size"])
-    data = {split: read_images(str(folder / f"{split}.npz"), input_size=input_size, mean=(0.5,), std=(0.5,))[:2]
+    data = {split: read_images(str(folder / f"{split}.npz"), input_size=vit_input_size(settings), mean=(0.5,),
+                               std=(0.5,))[:2]
             for split in SPLITS}
     metrics: dict = {"examples": {split: len(labels) for split, (_, labels) in data.items()}}
     for key, seed in SEEDS.items():
         start = time.perf_counter()
-        model = train_vit(model_args, *data["train"], seed=seed, progress=progress, **settings["training"])
+        model = train_vit_seed(name, *data["train"], seed, folder / FOLDERS[key], progress)
         seconds = time.perf_counter() - start
-        save_vit(model, model_args, folder / FOLDERS[key],
-                 model_config={"pretrained_cfg": {"tag": f"{name}-seed{seed}"}, "label_names": list(map(str, range(10)))})
         val_loss, val_accuracy = classifier_metrics(model, *data["val"])
         test_loss, test_accuracy = classifier_metrics(model, *data["test"])
         metrics[key] = {"seed": seed, "train_seconds": round(seconds, 1), "val_loss": val_loss,
@@ -191,6 +207,8 @@ def get_pair(name: str, cache_dir: str | Path = "runs/pairs", *, progress: bool 
             return pair_paths(name, folder, record)
     folder.mkdir(parents=True, exist_ok=True)
     record_path.unlink(missing_ok=True)
+    for stale in folder.glob("model-seed*"):  # extra seeds of the old recipe (see extra_model)
+        shutil.rmtree(stale)
     build = build_lm_pair if PAIRS[name]["task"] == "causal-lm" else build_vit_pair
     metrics = build(name, folder, progress)
     record = {"settings": recipe(name), "metrics": metrics,
@@ -200,26 +218,25 @@ def get_pair(name: str, cache_dir: str | Path = "runs/pairs", *, progress: bool 
 
 
 def extra_model(name: str, seed: int, cache_dir: str | Path = "runs/pairs", *, progress: bool = True) -> str:
-    """A further model of a pair (same recipe and data, another seed), for N-way merges: cache_dir/name/model-seedN."""
+    """A further model of a pair (same recipe and data, another seed), for N-way merges: cache_dir/name/model-seedN.
+    Trained into a temporary folder and renamed, so an interrupted run leaves nothing to mistake for a model."""
     pair = get_pair(name, cache_dir, progress=progress)
     folder = resolve_cache(cache_dir) / name / f"model-seed{seed}"
-    if (folder / "config.json").is_file():
+    if folder.is_dir():
         return str(folder)
     settings = PAIRS[name]
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
     if settings["task"] == "causal-lm":
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(pair["model_a"])
         windows = token_windows(read_texts(pair["train_data"]), tokenizer, settings["seq_len"])
-        model = train_causal_lm(lm_config(settings, tokenizer), windows, seed=seed, progress=progress,
-                                **settings["training"])
-        save_lm(model, tokenizer, folder)
+        train_lm_seed(settings, tokenizer, windows, seed, partial, progress)
     else:
-        model_args = settings["model_args"]
-        input_size = (model_args["in_chans"], model_args["img_size"], model_args["img_size"])
-        images, labels = read_images(pair["train_data"], input_size=input_size, mean=(0.5,), std=(0.5,))[:2]
-        model = train_vit(model_args, images, labels, seed=seed, progress=progress, **settings["training"])
-        save_vit(model, model_args, folder, model_config={"pretrained_cfg": {"tag": f"{name}-seed{seed}"},
-                                                          "label_names": list(map(str, range(10)))})
+        images, labels = read_images(pair["train_data"], input_size=vit_input_size(settings), mean=(0.5,),
+                                     std=(0.5,))[:2]
+        train_vit_seed(name, images, labels, seed, partial, progress)
+    partial.rename(folder)
     return str(folder)
 
 
