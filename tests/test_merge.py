@@ -281,6 +281,5 @@ def test_weight_matching_removes_most_of_a_trained_pairs_barrier(trained_gpt2_pa
                      str(root / "test.txt"), "--seq-len", "32", "--max-eval-tokens", "8192", "--lambdas", "5",
                      "--batch-size", "64", "--json", str(out)]) == 0
         barrier[method] = json.loads(out.read_text())["barrier"]
-    print(barrier)
     assert barrier["raw"] > 0.3, barrier  # there is a barrier to remove
     assert barrier["wm"] < 0.5 * barrier["raw"] and barrier["wm"] < barrier["wm-perm"], barrier
