@@ -2,15 +2,14 @@
 
     .venv/bin/python examples/train_example.py            # about 2 x 4 minutes on 2 CPU cores
 
-writes examples/stdlib-pair/:
+writes hf_rebasin/assets/example-pair/ (package data: it ships in the wheel, for `hf-rebasin demo`):
 
     heldout.txt       held-out stdlib source (every 20th selected file), the data to measure barriers on
     model-a/          GPTNeoXForCausalLM trained from seed 0 (+ its byte-level BPE tokenizer)
     model-b/          the same architecture and data, seed 1
     README.md         what this is, and the measured held-out losses
 
-Then, for example:  hf-rebasin merge examples/stdlib-pair/model-a examples/stdlib-pair/model-b \\
-                        --data examples/stdlib-pair/heldout.txt
+Then, for example:  hf-rebasin demo   (or hf-rebasin run example-stdlib)
 
 The corpus is the .py sources of the running interpreter's standard library
 (sysconfig.get_paths()["stdlib"]), tests and site-packages excluded, files sorted by path and
@@ -25,7 +24,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -35,16 +33,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from hf_rebasin.data import token_windows  # noqa: E402
-from hf_rebasin.training import causal_lm_loss, save_lm, train_causal_lm  # noqa: E402
+from hf_rebasin.training import (EOS, causal_lm_loss, save_lm, stdlib_files, stdlib_texts,  # noqa: E402
+                                 train_bpe_tokenizer, train_causal_lm)
 
-OUT = REPO / "examples" / "stdlib-pair"
-EOS = "<|endoftext|>"
+OUT = REPO / "hf_rebasin" / "assets" / "example-pair"
 VOCAB_SIZE = 1024
 SEQ_LEN = 128
 KEEP_EVERY = 2          # of the eligible stdlib files, keep every 2nd (a few MB of code)
 HOLD_OUT_EVERY = 20     # of the kept files, every 20th is held out
-MAX_FILE_BYTES = 100_000
-SKIPPED_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__", "pydoc_data", "encodings"}
 SEEDS = {"model-a": 0, "model-b": 1}
 TRAINING = dict(steps=800, batch_size=32, lr=3e-3, warmup=40, weight_decay=0.1)
 MODEL = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256,
@@ -52,47 +48,12 @@ MODEL = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, interme
              tie_word_embeddings=False)
 
 
-def stdlib_files(root: Path) -> list[Path]:
-    """The eligible .py files of the standard library, sorted by relative path."""
-    eligible = []
-    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
-        parts = path.relative_to(root).parts
-        if any(part in SKIPPED_DIRS or part.startswith("test") for part in parts[:-1]):
-            continue
-        if parts[-1].startswith("test_") or path.stat().st_size > MAX_FILE_BYTES:
-            continue
-        eligible.append(path)
-    return eligible
-
-
-def build_corpus(root: Path) -> tuple[list[str], list[str], list[str]]:
-    """(training texts, held-out texts, held-out relative paths), one text per source file."""
-    kept = stdlib_files(root)[::KEEP_EVERY]
-    train, heldout, heldout_names = [], [], []
-    for index, path in enumerate(kept):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if index % HOLD_OUT_EVERY == HOLD_OUT_EVERY // 2:
-            heldout.append(text)
-            heldout_names.append(path.relative_to(root).as_posix())
-        else:
-            train.append(text)
-    return train, heldout, heldout_names
-
-
-def train_tokenizer(texts: list[str]):
-    """A byte-level BPE tokenizer (GPT-2 style pre-tokenisation) as a transformers PreTrainedTokenizerFast."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    core.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, min_frequency=2, special_tokens=[EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    core.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, bos_token=EOS, unk_token=EOS,
-                                   model_max_length=MODEL["max_position_embeddings"])
+def build_corpus() -> tuple[list[str], list[str]]:
+    """(training texts, held-out texts), one text per source file."""
+    kept = stdlib_files()[::KEEP_EVERY]
+    train = [p for index, p in enumerate(kept) if index % HOLD_OUT_EVERY != HOLD_OUT_EVERY // 2]
+    heldout = [p for index, p in enumerate(kept) if index % HOLD_OUT_EVERY == HOLD_OUT_EVERY // 2]
+    return stdlib_texts(train), stdlib_texts(heldout)
 
 
 def model_config(tokenizer):
@@ -138,11 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     args = parser.parse_args(argv)
 
-    root = Path(sysconfig.get_paths()["stdlib"])
-    train_texts, heldout_texts, heldout_names = build_corpus(root)
+    train_texts, heldout_texts = build_corpus()
     print(f"corpus: {len(train_texts)} training files ({sum(map(len, train_texts)):,} chars), "
-          f"{len(heldout_texts)} held-out files ({sum(map(len, heldout_texts)):,} chars) from {root}")
-    tokenizer = train_tokenizer(train_texts)
+          f"{len(heldout_texts)} held-out files ({sum(map(len, heldout_texts)):,} chars) from the standard library")
+    tokenizer = train_bpe_tokenizer(train_texts, VOCAB_SIZE, MODEL["max_position_embeddings"])
     train = token_windows(train_texts, tokenizer, SEQ_LEN)
     heldout_text = EOS.join(heldout_texts)  # one document; the tokenizer reads EOS back as the eos id
     heldout = token_windows([heldout_text], tokenizer, SEQ_LEN)

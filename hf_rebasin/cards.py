@@ -12,9 +12,10 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .assets import card_template
 from .cli import UserError
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" / "merge.md"
+TEMPLATE = card_template()
 
 METHODS = {
     "wm": "weight matching (data-free: residual rotation, head permutations, per-head maps, FFN permutations)",

@@ -20,27 +20,16 @@ class UserError(Exception):
 
 def user_errors() -> tuple[type[BaseException], ...]:
     from .adapters import UnsupportedModelError
+    from .data import DataError
     from .models import IncompatibleModelsError, ModelLoadError
-    errors: list[type[BaseException]] = [UserError, UnsupportedModelError, ModelLoadError, IncompatibleModelsError]
-    try:
-        from .data import DataError
-        errors.append(DataError)
-    except ImportError:
-        pass
-    return tuple(errors)
+    return (UserError, UnsupportedModelError, ModelLoadError, IncompatibleModelsError, DataError)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-rebasin", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as error:
-            if error.name == name:  # that command is not built yet
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     return parser
 
 

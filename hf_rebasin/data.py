@@ -115,12 +115,8 @@ def _load_saved_dataset(spec: str, folder: Path, split: str | None):
 
 def _load_datasets_spec(spec: str, split: str | None):
     """``datasets.load_dataset`` for a NAME[:CONFIG[:SPLIT]] spec; every failure becomes a DataError."""
+    import datasets
     name, config, spec_split = _parse_datasets_spec(spec)
-    try:
-        import datasets
-    except ImportError as error:
-        raise DataError(f"data spec {spec!r} is not a local path, and the 'datasets' package needed to load it "
-                        f"from the Hub is not installed (pip install datasets)") from error
     kwargs: dict = {}
     if name in _packaged_loaders():
         if config is None:
@@ -263,19 +259,32 @@ _PROGRESS_MIN_PIECES = 256
 # A line break with non-space characters on both sides: for byte-level BPE tokenizers (GPT-2, GPT-NeoX, LLaMA-3,
 # OLMo) the pre-tokeniser always makes such a '\n' its own piece, so cutting right after it does not change the ids.
 _SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
+# Else a single space between two non-space characters: the pre-tokeniser ends the previous piece before it and
+# starts the next piece with it (" word"), so cutting before it is safe too.  (Not a space inside a run of
+# spaces, as in indented code: the run is split as "   " + " x", which a cut inside it would change.)
+_SAFE_SPACE = re.compile(r"(?<=\S) (?=\S)")
+
+
+def _last_cut(text: str, begin: int, end: int) -> int | None:
+    """The last safe cut in (begin, end): a safe line break if there is one, else a safe space."""
+    for pattern in (_SAFE_CUT, _SAFE_SPACE):
+        cuts = [m.start() for m in pattern.finditer(text, begin, end) if m.start() > begin]
+        if cuts:
+            return cuts[-1]
+    return None
 
 
 def _chunks(text: str, size: int) -> list[str]:
-    if len(text) <= size:
-        return [text]
+    """Pieces of about `size` characters that tokenise to the same ids as the whole text: cut only where
+    the pre-tokeniser cuts anyway (a piece is longer than `size` when no such place comes sooner)."""
     pieces, start = [], 0
     while len(text) - start > size:
-        cut = None
-        for match in _SAFE_CUT.finditer(text, start + size // 2, start + size):
-            cut = match.start()
-        if cut is None:  # no safe line break in range (one huge line): cut before a space
-            space = text.rfind(" ", start + size // 2, start + size)
-            cut = space if space > start else start + size
+        cut = _last_cut(text, start + size // 2, start + size) or _last_cut(text, start, start + size)
+        if cut is None:
+            found = _SAFE_CUT.search(text, start + size) or _SAFE_SPACE.search(text, start + size)
+            if found is None:
+                break
+            cut = found.start()
         pieces.append(text[start:cut])
         start = cut
     pieces.append(text[start:])

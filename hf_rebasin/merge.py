@@ -18,9 +18,12 @@ import torch
 
 from . import __version__
 from .barrier import EvalData, evaluate, evaluate_path, plot_path
+from .assets import example_pair
 from .canonical import interpolate
+from .cards import write_card
 from .cli import UserError
 from .match import DESCRIPTIONS, LEARNED, METHODS, NEEDS_DATA
+from .match.learned import add_learned_arguments
 from .models import Loaded, canonicalise, check_compatible, check_same_structure, instantiate, load, save
 from .symmetry import apply
 
@@ -100,14 +103,10 @@ def source_license(source: str) -> str | None:
 
 
 def versions() -> dict:
+    import timm
     import transformers
-    out = {"hf_rebasin": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
-    try:
-        import timm
-        out["timm"] = timm.__version__
-    except ImportError:
-        pass
-    return out
+    return {"hf_rebasin": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "timm": timm.__version__}
 
 
 # --- the pipeline ------------------------------------------------------------------------------
@@ -197,10 +196,6 @@ def write_merge(out_dir: Path, args, a, aligned_a, aligned_b, result, report) ->
     (out_dir / "barrier.json").write_text(json.dumps(report, indent=2))
     plot_path({args.method: report}, out_dir / "barrier.png",
               f"{Path(args.models[0]).name} × {Path(args.models[1]).name}  ({args.method})")
-    try:
-        from .cards import write_card
-    except ImportError:
-        return
     write_card(out_dir)
 
 
@@ -266,14 +261,10 @@ def add_common(parser) -> None:
     parser.add_argument("--simplex-resolution", type=int, help="N-way merges: lattice step 1/r on the simplex "
                         "(default 6 for three models, N otherwise; both include the centroid)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        from .match.learned import add_learned_arguments
-    except ImportError:
-        return
     add_learned_arguments(parser)
 
 
-EXAMPLE_PAIR = Path(__file__).resolve().parents[1] / "examples" / "stdlib-pair"
+EXAMPLE_PAIR = example_pair()
 
 
 def run_demo(args) -> int:

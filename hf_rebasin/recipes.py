@@ -7,8 +7,9 @@ allowed keys are read from those commands, so a new option is usable in recipes 
 the ordinary command (``hf-rebasin merge ...``), so ``--dry-run`` shows exactly what would happen and any
 step can be repeated by hand.
 
-Relative paths in a recipe are taken from the folder that holds it; the bundled recipes in recipes/ are
-written relative to the repository root (the folder above recipes/)."""
+Relative paths in a recipe are taken from the folder that holds it. The bundled recipes ship inside the
+package: their inputs (the example pair) are taken from the package's assets folder, their output folder
+from the current folder."""
 from __future__ import annotations
 
 import argparse
@@ -24,10 +25,10 @@ from pathlib import Path
 
 import yaml
 
+from .assets import asset, recipes_dir
 from .cli import UserError
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES_DIR = REPO / "recipes"
+RECIPES_DIR = recipes_dir()
 SUFFIXES = (".yaml", ".yml")
 RECIPE_COPY = "recipe.yaml"  # written into the output folder after the merge: what made it
 
@@ -276,9 +277,18 @@ def check_fields(fields: dict) -> list[str]:
 
 # --- paths ------------------------------------------------------------------------------------------
 
+def is_bundled(recipe_path: Path) -> bool:
+    return recipe_path.resolve().parent == RECIPES_DIR.resolve()
+
+
 def base_dir(recipe_path: Path) -> Path:
-    folder = recipe_path.resolve().parent
-    return REPO if folder == RECIPES_DIR.resolve() else folder
+    """Where a recipe's relative input paths are taken from."""
+    return asset() if is_bundled(recipe_path) else recipe_path.resolve().parent
+
+
+def output_base(recipe_path: Path) -> Path:
+    """Where a recipe's relative output folders are taken from (never inside the installed package)."""
+    return Path.cwd() if is_bundled(recipe_path) else recipe_path.resolve().parent
 
 
 def shown(path: Path) -> str:
@@ -322,11 +332,11 @@ def data_source(text: str, base: Path) -> tuple[str, Path | None]:
     return text, None  # a datasets spec NAME[:CONFIG[:SPLIT]]
 
 
-def path_option(kind: str, text: str, base: Path) -> tuple[str, Path | None]:
+def path_option(kind: str, text: str, base: Path, out_base: Path | None = None) -> tuple[str, Path | None]:
     """(what the command gets, the local path to check or None)."""
     if kind == "data":
         return data_source(text, base)
-    path = local_path(text, base)
+    path = local_path(text, out_base or base if kind == "output" else base)
     return shown(path), path if kind == "input" else None
 
 
@@ -336,12 +346,13 @@ def path_option(kind: str, text: str, base: Path) -> tuple[str, Path | None]:
 class Recipe:
     name: str
     path: Path
-    base: Path  # relative paths are taken from here
+    base: Path  # relative input paths are taken from here
     fields: dict  # as written, with --set applied
+    out_base: Path  # relative output folders are taken from here
 
     @property
     def out(self) -> Path:
-        return local_path(self.fields.get("out") or f"runs/recipes/{self.name}", self.base)
+        return local_path(self.fields.get("out") or f"runs/recipes/{self.name}", self.out_base)
 
     def block(self, step: str) -> dict | None:
         return self.fields.get(step) if step != "merge" else (self.fields.get("merge") or {})
@@ -351,7 +362,7 @@ def load_recipe(source: str | Path, overrides: list[str] = (), *, check_paths: b
     """Read and check a recipe; every problem found is reported in one UserError."""
     path = find_recipe(source)
     fields = apply_overrides(read_yaml(path), list(overrides))
-    recipe = Recipe(path.stem, path, base_dir(path), fields)
+    recipe = Recipe(path.stem, path, base_dir(path), fields, output_base(path))
     problems = check_fields(fields)
     if not problems and check_paths:
         problems = missing_paths(recipe)
@@ -383,7 +394,7 @@ def missing_paths(recipe: Recipe) -> list[str]:
     return problems
 
 
-def option_argv(step: str, block: dict, base: Path) -> list[str]:
+def option_argv(step: str, block: dict, base: Path, out_base: Path | None = None) -> list[str]:
     options = options_of(step)
     argv = []
     for key, value in block.items():
@@ -394,7 +405,7 @@ def option_argv(step: str, block: dict, base: Path) -> list[str]:
             argv += [flag] if bool(value) != bool(action.default) else []
             continue
         if (step, key) in PATH_OPTIONS:
-            value = path_option(PATH_OPTIONS[step, key], value, base)[0]
+            value = path_option(PATH_OPTIONS[step, key], value, base, out_base)[0]
         if isinstance(value, list) and action.nargs in ("+", "*"):
             argv += [flag, *map(str, value)]
         else:
@@ -409,13 +420,13 @@ def commands(recipe: Recipe, force: bool = False) -> dict[str, list[str]]:
              "--method", fields.get("method") or "wm"]
     if fields.get("data"):
         merge += ["--data", data_source(fields["data"], recipe.base)[0]]
-    merge += option_argv("merge", recipe.block("merge"), recipe.base) + ["--out", out] + (["--force"] if force else [])
+    merge += option_argv("merge", recipe.block("merge"), recipe.base, recipe.out_base) + ["--out", out] + (["--force"] if force else [])
     steps = {"merge": merge}
     if recipe.block("eval") is not None:
-        steps["eval"] = ["eval", out, *option_argv("eval", recipe.block("eval"), recipe.base)]
+        steps["eval"] = ["eval", out, *option_argv("eval", recipe.block("eval"), recipe.base, recipe.out_base)]
     if recipe.block("push") is not None:
         push = recipe.block("push")
-        steps["push"] = ["push", out, push["repo_id"], *option_argv("push", push, recipe.base)]
+        steps["push"] = ["push", out, push["repo_id"], *option_argv("push", push, recipe.base, recipe.out_base)]
     return steps
 
 

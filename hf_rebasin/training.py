@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sysconfig
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,50 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+
+# --- a real corpus every machine has: CPython's standard-library sources (PSF License) --------------------
+
+STDLIB_SKIPPED_DIRS = frozenset({"site-packages", "test", "tests", "idle_test", "__pycache__", "pydoc_data",
+                                 "encodings"})
+EOS = "<|endoftext|>"
+
+
+def stdlib_files(max_bytes: int = 100_000) -> list[Path]:
+    """The standard library's .py files (tests and site-packages excluded), sorted by relative path."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    eligible = []
+    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
+        parts = path.relative_to(root).parts
+        if any(part in STDLIB_SKIPPED_DIRS or part.startswith("test") for part in parts[:-1]):
+            continue
+        if parts[-1].startswith("test_") or path.stat().st_size > max_bytes:
+            continue
+        eligible.append(path)
+    return eligible
+
+
+def stdlib_texts(files: list[Path]) -> list[str]:
+    return [path.read_text(encoding="utf-8", errors="replace") for path in files]
+
+
+def train_bpe_tokenizer(texts: list[str], vocab_size: int, model_max_length: int = 1024):
+    """A byte-level BPE tokenizer (GPT-2 style pre-tokenisation, ``<|endoftext|>`` as its only special
+    token) trained on texts, as a transformers PreTrainedTokenizerFast.  Deterministic for given texts."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    core.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    core.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, bos_token=EOS, unk_token=EOS,
+                                   model_max_length=model_max_length)
+
+
+# --- training --------------------------------------------------------------------------------------------
 
 def lr_factor(step: int, steps: int, warmup: int, min_ratio: float = 0.1) -> float:
     """Linear warmup to 1 over `warmup` steps, then cosine decay to `min_ratio` at the last step."""

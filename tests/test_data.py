@@ -14,19 +14,18 @@ from PIL import Image
 from hf_rebasin import data
 from hf_rebasin.data import DataError, load_token_windows, read_images, read_texts, split_text, token_windows
 
-SHARED_DATA = Path(__file__).parents[1] / ".." / "shared" / "data"
-SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
+import corpus
 
 
 @pytest.fixture(scope="module")
-def gpt2_tokenizer():
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(SHARED_DATA / "gpt2_tokenizer"))
+def bpe_tokenizer():
+    """A real byte-level BPE (GPT-2 style pre-tokenisation, EOS), trained at test time on stdlib sources."""
+    return corpus.bpe_tokenizer()
 
 
 @pytest.fixture(scope="module")
-def shakespeare() -> str:
-    return SHAKESPEARE.read_text(encoding="utf-8")
+def stdlib_text() -> str:
+    return corpus.train_text(1_000_000)
 
 
 @pytest.fixture
@@ -211,14 +210,14 @@ def test_saved_dataset_folder(tmp_path):
 # ---------------------------------------------------------------------------------------------------- tokens
 
 
-def test_token_windows_on_tiny_shakespeare(gpt2_tokenizer, shakespeare):
-    documents = list(split_text(shakespeare))
+def test_token_windows_on_real_text(bpe_tokenizer, stdlib_text):
+    documents = list(split_text(stdlib_text))
     # the protocol written out plainly: whole-document tokenisation, EOS between documents
-    per_document = [gpt2_tokenizer(d, add_special_tokens=False, verbose=False)["input_ids"] for d in documents]
-    eos = gpt2_tokenizer.eos_token_id
+    per_document = [bpe_tokenizer(d, add_special_tokens=False, verbose=False)["input_ids"] for d in documents]
+    eos = bpe_tokenizer.eos_token_id
     stream = per_document[0] + [eos] + per_document[1] + [eos] + per_document[2]
     seq_len = 256
-    windows = token_windows(documents, gpt2_tokenizer, seq_len)
+    windows = token_windows(documents, bpe_tokenizer, seq_len)
     assert windows.dtype == torch.long
     assert windows.shape == (len(stream) // seq_len, seq_len)
     assert windows.flatten().tolist() == stream[: windows.numel()]  # consecutive, non-overlapping slices
@@ -229,29 +228,29 @@ def test_token_windows_on_tiny_shakespeare(gpt2_tokenizer, shakespeare):
     assert eos_positions == [first, first + 1 + second]
 
     for max_tokens in (seq_len, 1000, 10 * seq_len + 7, len(stream) + 5):
-        capped = token_windows(documents, gpt2_tokenizer, seq_len, max_tokens=max_tokens)
+        capped = token_windows(documents, bpe_tokenizer, seq_len, max_tokens=max_tokens)
         assert capped.shape[0] == math.floor(min(len(stream), max_tokens) / seq_len)
         assert torch.equal(capped, windows[: capped.shape[0]])
 
 
-def test_chunked_tokenisation_matches_whole_document(gpt2_tokenizer, shakespeare, monkeypatch):
-    text = shakespeare[:60_000] + "\n\n  indented  \n\ntrailing spaces   \nlast"
-    whole = gpt2_tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+def test_chunked_tokenisation_matches_whole_document(bpe_tokenizer, stdlib_text, monkeypatch):
+    text = stdlib_text[:60_000] + "\n\n  indented  \n\ntrailing spaces   \nlast"
+    whole = bpe_tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     monkeypatch.setattr(data, "_CHUNK_CHARS", 150)  # hundreds of pieces: the progress-bar path too
     assert len(data._chunks(text, 150)) > data._PROGRESS_MIN_PIECES
     assert "".join(data._chunks(text, 150)) == text
-    assert token_windows([text], gpt2_tokenizer, 1).flatten().tolist() == whole
+    assert token_windows([text], bpe_tokenizer, 1).flatten().tolist() == whole
 
 
-def test_too_little_text_says_how_many_tokens(gpt2_tokenizer):
-    n = len(gpt2_tokenizer("To be, or not to be", add_special_tokens=False)["input_ids"])
+def test_too_little_text_says_how_many_tokens(bpe_tokenizer):
+    n = len(bpe_tokenizer("To be, or not to be", add_special_tokens=False)["input_ids"])
     with pytest.raises(DataError) as error:
-        token_windows(["To be, or not to be"], gpt2_tokenizer, 64)
+        token_windows(["To be, or not to be"], bpe_tokenizer, 64)
     message = str(error.value)
     assert f"only {n} tokens" in message and "64" in message and "--seq-len" in message
-    assert token_windows(["To be, or not to be"], gpt2_tokenizer, n).shape == (1, n)
+    assert token_windows(["To be, or not to be"], bpe_tokenizer, n).shape == (1, n)
     with pytest.raises(DataError, match="smaller than --seq-len"):
-        token_windows(["To be, or not to be"], gpt2_tokenizer, 4, max_tokens=3)
+        token_windows(["To be, or not to be"], bpe_tokenizer, 4, max_tokens=3)
 
 
 class CharTokenizer:
@@ -269,21 +268,21 @@ def test_no_eos_when_tokenizer_has_none():
     assert windows.tolist() == [[97, 98, 99], [100, 101, 102]]
 
 
-def test_load_token_windows_record(tmp_path, gpt2_tokenizer, shakespeare):
+def test_load_token_windows_record(tmp_path, bpe_tokenizer, stdlib_text):
     path = tmp_path / "sample.txt"
-    path.write_text(shakespeare[:20_000], encoding="utf-8")
-    windows, record = load_token_windows(str(path), gpt2_tokenizer, seq_len=128, max_tokens=2000)
+    path.write_text(stdlib_text[:20_000], encoding="utf-8")
+    windows, record = load_token_windows(str(path), bpe_tokenizer, seq_len=128, max_tokens=2000)
     assert windows.shape == (15, 128)
     assert record == {"spec": str(path), "tokens": 15 * 128, "seq_len": 128, "windows": 15}
-    stream = gpt2_tokenizer(shakespeare[:20_000], add_special_tokens=False, verbose=False)["input_ids"]
+    stream = bpe_tokenizer(stdlib_text[:20_000], add_special_tokens=False, verbose=False)["input_ids"]
     assert windows.flatten().tolist() == stream[: 15 * 128]
 
 
-def test_split_text_is_contiguous(shakespeare):
-    train, val, test = split_text(shakespeare)
-    assert train + val + test == shakespeare
-    assert len(train) == math.floor(len(shakespeare) * 0.9)
-    assert len(train) + len(val) == math.floor(len(shakespeare) * 0.95)
+def test_split_text_is_contiguous(stdlib_text):
+    train, val, test = split_text(stdlib_text)
+    assert train + val + test == stdlib_text
+    assert len(train) == math.floor(len(stdlib_text) * 0.9)
+    assert len(train) + len(val) == math.floor(len(stdlib_text) * 0.95)
     assert split_text("abcdefghij", (0.5, 0.3, 0.2)) == ("abcde", "fgh", "ij")
     with pytest.raises(ValueError, match="summing to 1"):
         split_text("abc", (0.5, 0.5, 0.5))

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import corpus
 from hf_rebasin import cli, evals, models
 from hf_rebasin.tiny import make_tiny, randomise_
 
-TOKENIZER_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gpt2_tokenizer"
 TASK = "tiny_piqa"
 
 # PIQA's shape: a goal, two solutions, the index of the right one.
@@ -60,16 +60,19 @@ def write_task(folder: Path, dataset_lines: list[str] | None = None, dataset_pat
 
 
 def make_language_model(path: Path, seed: int) -> Path:
-    """A tiny random GPT-NeoX whose vocabulary covers the real GPT-2 tokenizer, saved with that tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GPTNeoXConfig
+    """A tiny random GPT-NeoX saved with a real byte-level BPE tokenizer (trained at test time) it covers."""
+    from transformers import AutoModelForCausalLM, GPTNeoXConfig
+    tokenizer = corpus.bpe_tokenizer()
     config = GPTNeoXConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64,
-                           vocab_size=50304, max_position_embeddings=128, rotary_pct=0.5,
-                           bos_token_id=50256, eos_token_id=50256)
+                           vocab_size=len(tokenizer), max_position_embeddings=128, rotary_pct=0.5,
+                           bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     randomise_(model, seed)
+    with torch.no_grad():  # sharper, seed-specific preferences: the three models must score differently
+        model.get_output_embeddings().weight.mul_(4.0)
     model.save_pretrained(path, safe_serialization=True)
-    AutoTokenizer.from_pretrained(TOKENIZER_DIR).save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return path
 
 
@@ -146,12 +149,10 @@ def offline(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="module")
 def merge_dir(tmp_path_factory) -> dict:
-    if not (TOKENIZER_DIR / "tokenizer.json").is_file():
-        pytest.skip(f"the GPT-2 tokenizer is expected at {TOKENIZER_DIR}")
     root = tmp_path_factory.mktemp("eval")
     source_a = make_language_model(root / "model_a", seed=1)
     source_b = make_language_model(root / "model_b", seed=2)
-    merged = make_language_model(root / "merged", seed=5)
+    merged = make_language_model(root / "merged", seed=11)
     write_barrier(merged, [str(source_a), str(source_b)])
     tasks = write_task(root / "tasks")
     references = {label: reference_scores(path) for label, path in

@@ -21,7 +21,8 @@ from hf_rebasin.match.params import (GeneralLinear, HeadMaps, LearnedPermutation
                                      compose)
 from hf_rebasin.symmetry import apply
 
-from conftest import REPO, SHARED_DATA, train_char_models
+import corpus
+from conftest import REPO, train_char_models
 
 # max |difference| of any transform entry between 2 processes and 1 (same global batch), after 6 dual
 # steps at lr 2e-2; measured differences are ~3e-6 (gloo's all-reduce sums in another order)
@@ -256,7 +257,7 @@ def test_n_way_plain_init_is_refused(tiny_dirs, tmp_path):
 def test_two_processes_follow_one(neox_pair, tmp_path):
     a_dir, b_dir = neox_pair
     text = tmp_path / "train.txt"
-    text.write_text((SHARED_DATA / "tinyshakespeare.txt").read_text()[:6000])
+    text.write_text(corpus.heldout_text(6000))
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     out = tmp_path / "two"
     command = [str(REPO / ".venv" / "bin" / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
@@ -333,7 +334,7 @@ def test_learned_matching_lowers_the_held_out_barrier(trained_pair, tmp_path):
     root = trained_pair
     common = [str(root / "model-0"), str(root / "model-1"), "--data", str(root / "test.txt"), "--seq-len", "32",
               "--max-eval-tokens", "8192", "--lambdas", "5", "--batch-size", "64"]
-    learned = ["--train-data", str(root / "train.txt"), "--steps", "100", "--lr", "1e-2", "--eval-every", "50",
+    learned = ["--train-data", str(root / "train.txt"), "--steps", "200", "--lr", "1e-2", "--eval-every", "50",
                "--learn-batch-size", "16"]
     reports = {}
     for method in ("wm", "lm"):
@@ -343,8 +344,10 @@ def test_learned_matching_lowers_the_held_out_barrier(trained_pair, tmp_path):
     assert main(["merge", *common, "--method", "dual", "--out", str(tmp_path / "dual"), *learned]) == 0
     reports["dual"] = json.loads((tmp_path / "dual" / "barrier.json").read_text())
     barrier = {m: r["barrier"] for m, r in reports.items()}
-    assert barrier["wm"] > 0.05, barrier  # there is a barrier to remove (measured: wm 0.103, lm 0.025, dual 0.030)
-    assert barrier["dual"] < barrier["wm"] - 0.03, barrier
+    # there is a barrier to remove; measured on this stdlib-trained pair: wm 0.063, lm 0.020, dual 0.028 (200 steps;
+    # 100 steps left dual at 0.034).  (On the Tiny Shakespeare pair used before: wm 0.103, dual 0.030 at 100 steps.)
+    assert barrier["wm"] > 0.05, barrier
+    assert barrier["dual"] < 0.6 * barrier["wm"], barrier
     assert barrier["lm"] <= barrier["wm"], barrier
     # endpoints are the models themselves (the learned transforms are exact)
     for method in ("lm", "dual"):
@@ -389,7 +392,7 @@ def test_three_way_dual_lowers_the_simplex_barrier(trained_pair, tmp_path):
 def test_bad_input_is_refused_clearly(neox_pair, tmp_path, capsys):
     a_dir, b_dir = neox_pair
     text = tmp_path / "heldout.txt"
-    text.write_text((SHARED_DATA / "tinyshakespeare.txt").read_text()[:4000])
+    text.write_text(corpus.heldout_text(4000))
     out = tmp_path / "merged"
     code = main(["merge", str(a_dir), str(b_dir), "--method", "dual", "--data", str(text), "--seq-len", "16",
                  "--steps", "0", "--lr", "-1", "--out", str(out)])

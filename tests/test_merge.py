@@ -11,13 +11,14 @@ from hf_rebasin import models, symmetry, tiny
 from hf_rebasin.cli import main
 from hf_rebasin.symmetry import Transform
 
-from conftest import SHARED_DATA, train_char_models
+import corpus
+from conftest import train_char_models
 
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "heldout.txt"
-    path.write_text((SHARED_DATA / "tinyshakespeare.txt").read_text()[:20000])
+    path.write_text(corpus.heldout_text(20000))
     return path
 
 

@@ -12,10 +12,12 @@ import pytest
 import yaml
 
 from hf_rebasin import recipes, tiny
+from hf_rebasin.assets import asset, example_pair
 from hf_rebasin.cli import build_parser, main
 from hf_rebasin.match import METHODS
 
-from conftest import REPO, SHARED_DATA
+import corpus
+from conftest import REPO
 from hub_server import FakeHub, use_fake_hub
 
 TABLE_5_PAIRS = {  # Li & Shen Table 5 (ViT-L left out: timm has no augreg_in1k twin) + the from-scratch pairs
@@ -25,21 +27,21 @@ TABLE_5_PAIRS = {  # Li & Shen Table 5 (ViT-L left out: timm has no augreg_in1k 
     "olmo-7b-twin": ("allenai/OLMo-7B-hf", "allenai/OLMo-7B-Twin-2T-hf"),
     "vit-small": ("timm/vit_small_patch16_224.augreg_in21k_ft_in1k", "timm/vit_small_patch16_224.augreg_in1k"),
     "vit-base": ("timm/vit_base_patch16_224.augreg_in21k_ft_in1k", "timm/vit_base_patch16_224.augreg_in1k"),
-    "gpt2-shakespeare": ("runs/pairs/gpt2-shakespeare/model-a", "runs/pairs/gpt2-shakespeare/model-b"),
-    "neox-shakespeare": ("runs/pairs/neox-shakespeare/model-a", "runs/pairs/neox-shakespeare/model-b"),
-    "vit-digits": ("runs/pairs/vit-digits/model-a", "runs/pairs/vit-digits/model-b"),
-    "example-stdlib": ("examples/stdlib-pair/model-a", "examples/stdlib-pair/model-b"),
+    "example-stdlib": ("example-pair/model-a", "example-pair/model-b"),
 }
-EXAMPLE_PAIR = REPO / "examples" / "stdlib-pair"
+LOCAL_BENCHMARK_PAIRS = {name: (f"../../runs/pairs/{name}/model-a", f"../../runs/pairs/{name}/model-b")
+                         for name in ("gpt2-shakespeare", "neox-shakespeare", "vit-digits")}
+EXAMPLE_PAIR = example_pair()
+BENCHMARK_RECIPES = REPO / "benchmarks" / "recipes"  # pairs trained by benchmarks/pairs.py (clone only)
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    """Two tiny GPT-NeoX checkpoints (char-level tokenizer) and a slice of Tiny Shakespeare."""
+    """Two tiny GPT-NeoX checkpoints (char-level tokenizer) and a slice of held-out stdlib source."""
     root = tmp_path_factory.mktemp("pair")
     tiny.make_tiny("gpt_neox", root / "model-a", seed=0)
     tiny.make_tiny("gpt_neox", root / "model-b", seed=1)
-    (root / "heldout.txt").write_text((SHARED_DATA / "tinyshakespeare.txt").read_text()[:20000])
+    (root / "heldout.txt").write_text(corpus.heldout_text(20000))
     return root
 
 
@@ -76,18 +78,21 @@ def test_bundled_recipes_cover_the_pairs():
 
 
 @pytest.mark.parametrize("name", sorted(TABLE_5_PAIRS))
-def test_bundled_recipe_validates_and_builds_valid_commands(name, monkeypatch):
+def test_bundled_recipe_validates_and_builds_valid_commands(name, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # validation must not need the Hub
+    monkeypatch.chdir(tmp_path)
     recipe = recipes.load_recipe(name, check_paths=False)
-    assert recipe.path == recipes.RECIPES_DIR / f"{name}.yaml" and recipe.base == REPO
+    # packaged: inputs from the package's assets, the output folder from the current folder
+    assert recipe.path == recipes.RECIPES_DIR / f"{name}.yaml" and recipe.base == asset()
+    assert recipe.out_base == tmp_path
     assert tuple(recipe.fields["models"]) == TABLE_5_PAIRS[name]
     assert recipe.fields.get("method", "wm") in METHODS
     steps = recipes.commands(recipe)
     parser = build_parser()
     merge = parser.parse_args(steps["merge"])
-    hub_ids = [m for m in TABLE_5_PAIRS[name] if not m.startswith(("runs/", "examples/"))]
+    hub_ids = [m for m in TABLE_5_PAIRS[name] if not m.startswith("example-pair/")]
     assert merge.models[:len(hub_ids)] == hub_ids  # Hub ids pass through untouched
-    assert Path(merge.out).resolve() == (REPO / recipe.fields["out"]).resolve()
+    assert Path(merge.out).resolve() == (tmp_path / recipe.fields["out"]).resolve()
     if "eval" in steps:
         evaluated = parser.parse_args(steps["eval"])
         assert Path(evaluated.dir).resolve() == Path(merge.out).resolve()
@@ -95,15 +100,25 @@ def test_bundled_recipe_validates_and_builds_valid_commands(name, monkeypatch):
     assert "push" not in steps  # a bundled recipe never uploads to somebody's account by default
 
 
-@pytest.mark.parametrize("name", ["gpt2-shakespeare", "neox-shakespeare", "vit-digits", "example-stdlib"])
-def test_local_recipes_check_their_folders(name):
-    models = [REPO / m for m in TABLE_5_PAIRS[name]]
+def test_example_recipe_reads_the_packaged_pair():
+    recipe = recipes.load_recipe("example-stdlib")  # checks that its inputs exist
+    steps = recipes.commands(recipe)
+    merge = build_parser().parse_args(steps["merge"])
+    assert [Path(m).resolve() for m in merge.models] == [EXAMPLE_PAIR / "model-a", EXAMPLE_PAIR / "model-b"]
+    assert Path(merge.data).resolve() == EXAMPLE_PAIR / "heldout.txt"
+
+
+@pytest.mark.parametrize("name", sorted(LOCAL_BENCHMARK_PAIRS))
+def test_benchmark_recipes_check_their_folders(name):
+    path = BENCHMARK_RECIPES / f"{name}.yaml"
+    models = [(BENCHMARK_RECIPES / m).resolve() for m in LOCAL_BENCHMARK_PAIRS[name]]
+    assert tuple(recipes.read_yaml(path)["models"]) == LOCAL_BENCHMARK_PAIRS[name]
     if all(m.is_dir() for m in models):
-        assert recipes.load_recipe(name).fields["models"]
+        assert recipes.load_recipe(path).fields["models"]
         return
     with pytest.raises(recipes.UserError, match="does not exist") as error:
-        recipes.load_recipe(name)
-    assert recipes.read_yaml(recipes.RECIPES_DIR / f"{name}.yaml")["prepare"] in str(error.value)
+        recipes.load_recipe(path)
+    assert recipes.read_yaml(path)["prepare"] in str(error.value)
 
 
 def test_list(capsys):
@@ -316,13 +331,11 @@ def test_push_needs_a_token_before_anything_runs(tmp_path, pair, hub, capsys, mo
     assert "== step" not in out and not (tmp_path / "merged").exists()
 
 
-@pytest.mark.skipif(not all((EXAMPLE_PAIR / p).exists() for p in ("model-a", "model-b", "heldout.txt")),
-                    reason="examples/stdlib-pair is not there yet (make it with examples/train_example.py)")
 def test_example_stdlib_recipe_runs(tmp_path, capsys):
     code, out, err = run(["example-stdlib", "--set", f"out={tmp_path / 'example'}",
                           "--set", "merge.max_eval_tokens=2048", "--set", "merge.lambdas=3"], capsys)
     assert code == 0, err
     barrier = json.loads((tmp_path / "example" / "barrier.json").read_text())
-    assert barrier["method"] == "wm" and barrier["data"]["spec"].endswith("examples/stdlib-pair/heldout.txt")
+    assert barrier["method"] == "wm" and Path(barrier["data"]["spec"]).resolve() == EXAMPLE_PAIR / "heldout.txt"
     assert barrier["data"]["seq_len"] == 128 and barrier["data"]["tokens"] == 2048  # the recipe's and --set's
     assert [Path(m).resolve() for m in barrier["models"]] == [EXAMPLE_PAIR / "model-a", EXAMPLE_PAIR / "model-b"]

@@ -1,0 +1,69 @@
+"""What a clone alone and a wheel alone need: packaged assets found without the source tree, honest
+version bounds checked at import, and no silent guards around the project's own modules."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from packaging.version import Version
+
+from hf_rebasin import assets, requirements
+
+
+def test_assets_are_package_data():
+    import hf_rebasin
+    package = assets.asset().parent
+    assert package == importlib.resources.files(hf_rebasin)  # found through the package, not the repository
+    pair = assets.example_pair()
+    for name in ("model-a/config.json", "model-a/model.safetensors", "model-a/tokenizer.json",
+                 "model-b/model.safetensors", "heldout.txt", "README.md"):
+        assert (pair / name).is_file(), name
+    assert assets.card_template().read_text().startswith("---")
+    assert {p.stem for p in assets.recipes_dir().glob("*.yaml")} >= {"pythia-1b", "example-stdlib"}
+
+
+def test_package_data_globs_cover_every_asset():
+    """Every file under hf_rebasin/assets must be matched by the wheel's package-data globs."""
+    import fnmatch
+    import tomllib
+    root = assets.asset().parent
+    pyproject = tomllib.loads((root.parent / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["hf_rebasin"]
+    files = [p.relative_to(root).as_posix() for p in assets.asset().rglob("*")
+             if p.is_file() and p.suffix != ".py" and "__pycache__" not in p.parts]
+    assert files
+    missed = [f for f in files if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)]
+    assert not missed, f"not in the wheel: {missed}"
+
+
+def test_lower_bounds_come_from_the_package_metadata():
+    bounds = requirements.lower_bounds()
+    for package in ("transformers", "timm", "accelerate", "huggingface_hub", "lm-eval"):
+        assert package in bounds, package
+    assert bounds["transformers"] >= Version("5.0")  # the code uses transformers-5 APIs
+    requirements.check_installed_versions(bounds)  # this environment satisfies them
+
+
+def test_an_old_dependency_is_named_at_import_time():
+    bounds = {"transformers": Version("5.0"), "timm": Version("1.0.15"), "ghost-package": Version("1.0")}
+    versions = {"transformers": "4.57.1", "timm": "1.0.31"}
+
+    def version_of(package):
+        if package not in versions:
+            raise importlib.metadata.PackageNotFoundError(package)
+        return versions[package]
+
+    with pytest.raises(requirements.DependencyVersionError) as error:
+        requirements.check_installed_versions(bounds, version_of)
+    message = str(error.value)
+    assert "transformers 4.57.1 is installed, hf-rebasin needs transformers>=5.0" in message
+    assert "ghost-package is not installed" in message and "timm" not in message.split("Upgrade")[0]
+    assert "pip install -U 'transformers>=5.0' 'ghost-package>=1.0'" in message
+    assert isinstance(error.value, ImportError)
+
+
+def test_a_broken_command_module_fails_loudly(monkeypatch):
+    from hf_rebasin import cli
+    monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES, "hf_rebasin.no_such_command"))
+    with pytest.raises(ModuleNotFoundError, match="no_such_command"):
+        cli.build_parser()
