@@ -33,8 +33,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from hf_rebasin.data import token_windows  # noqa: E402
-from hf_rebasin.training import (EOS, causal_lm_loss, save_lm, stdlib_files, stdlib_texts,  # noqa: E402
-                                 train_bpe_tokenizer, train_causal_lm)
+from hf_rebasin.training import (  # noqa: E402
+    EOS,
+    causal_lm_loss,
+    save_lm,
+    stdlib_files,
+    stdlib_texts,
+    train_bpe_tokenizer,
+    train_causal_lm,
+)
 
 OUT = REPO / "hf_rebasin" / "assets" / "example-pair"
 VOCAB_SIZE = 1024
@@ -70,7 +77,8 @@ def write_text_atomically(path: Path, text: str) -> None:
 
 
 def readme(losses: dict[str, float], heldout_tokens: int, train_tokens: int, vocab: int) -> str:
-    rows = "\n".join(f"| `{name}` | {SEEDS[name]} | {loss:.3f} | {math.exp(loss):.2f} |" for name, loss in losses.items())
+    rows = "\n".join(f"| `{name}` | {SEEDS[name]} | {loss:.3f} | {math.exp(loss):.2f} |"
+                     for name, loss in losses.items())
     return f"""# stdlib-pair: two tiny GPT-NeoX models trained from different seeds
 
 Produced by `python examples/train_example.py` (deterministic; see its docstring).

@@ -1,6 +1,47 @@
-"""hf-rebasin: merge independently trained transformers by aligning their symmetries."""
+"""hf-rebasin: merge independently trained transformers by aligning their symmetries.
+
+    import hf_rebasin
+    result = hf_rebasin.merge(["EleutherAI/pythia-1b", "EleutherAI/pythia-1b-deduped"], "merged/", method="wm")
+    print(result.report.barrier)
+
+Options are the fields of hf_rebasin.options.MergeOptions (the flags of `hf-rebasin merge`, with _ for -)."""
+from __future__ import annotations
+
 from .requirements import check_installed_versions
 
 __version__ = "0.1.0"
 
 check_installed_versions()
+
+
+def merge(models, out, *, force: bool = False, push_to_hub: str | None = None, private: bool = False,
+          progress: bool = True, options=None, **option_values):
+    """Align the models, measure the barrier and write the merged model to `out` (an hf-rebasin output
+    folder: model, barrier.json, barrier.png, transforms.safetensors, README.md).  Returns a MergeResult."""
+    from .options import MergeOptions
+    from .pipeline import run
+    options = options or MergeOptions(**option_values)
+    return run(list(models), options, out=out, force=force, push_to=push_to_hub, private=private, progress=progress)
+
+
+def barrier(models, *, json_path=None, progress: bool = True, options=None, **option_values):
+    """Align the models and measure the barrier, writing nothing (but the report to json_path, if given)."""
+    from .options import MergeOptions
+    from .pipeline import run
+    options = options or MergeOptions(**option_values)
+    return run(list(models), options, json_path=json_path, progress=progress)
+
+
+def load(source):
+    """A supported model (Hub id or local folder), loaded in fp32 with its adapter and backend."""
+    from .models import load as load_model
+    return load_model(source)
+
+
+def describe(source) -> dict:
+    """Architecture, sizes and symmetry group of a model, from its config alone."""
+    from .describe import describe as describe_model
+    return describe_model(source)
+
+
+__all__ = ["__version__", "barrier", "describe", "load", "merge"]

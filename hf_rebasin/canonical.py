@@ -67,7 +67,7 @@ class Graph:
     norm_eps: float
     meta: dict = field(default_factory=dict)  # adapter-specific, non-tensor facts needed for export
 
-    def replace(self, params: dict[str, Tensor] | None = None, **changes) -> "Graph":
+    def replace(self, params: dict[str, Tensor] | None = None, **changes) -> Graph:
         return dataclasses.replace(self, params=dict(self.params if params is None else params), **changes)
 
 

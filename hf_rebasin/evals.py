@@ -18,7 +18,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
-from .cli import UserError
+from .errors import UserError
+from .io import atomic_write, edited_dir
+from .options import EvalOptions, resolve_device
+from .report import read_report
+from .requirements import installed_versions
 
 DEFAULT_TASKS = ("piqa", "sciq", "arc_easy")
 DEFAULT_BATCH_SIZE = 8
@@ -143,19 +147,19 @@ def prepare_tasks(tasks: str | Sequence[str], include_path=None) -> TaskSet:
 # --- models ---------------------------------------------------------------------------------------
 
 def check_language_model(source: str) -> None:
-    from .models import library_of, read_config_json
-    if library_of(read_config_json(source)) == "timm":
+    from .backends import backend_of
+    from .models import read_config_json
+    if backend_of(read_config_json(source)).task != "causal-lm":
         raise UserError(f"{source} is a timm image model; lm-eval is for language models (causal LMs) only. "
                         "Image merges are scored by their accuracy in barrier.json")
 
 
 def pick_device(device: str | None) -> str:
-    import torch
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for but torch sees no CUDA GPU: use --device cpu")
-    return device
+    from .options import device_problems
+    problems = device_problems(device, "--device")
+    if problems:
+        raise UserError(problems[0])
+    return resolve_device(device or "auto")
 
 
 def load_language_model(source: str, device: str):
@@ -230,51 +234,21 @@ def run_eval(model_dir_or_source: str | Path, tasks: str | Sequence[str] | TaskS
     return evaluate_source(source, task_set, limit=limit, batch_size=batch_size, device=device).metrics
 
 
-# --- the command ----------------------------------------------------------------------------------
+# --- a merge output folder ------------------------------------------------------------------------------
 
-def read_merge_output(out_dir: Path) -> dict:
-    barrier_file = out_dir / "barrier.json"
-    if not out_dir.is_dir() or not barrier_file.is_file():
+def read_merge_output(out_dir: Path):
+    if not out_dir.is_dir() or not (out_dir / "barrier.json").is_file():
         raise UserError(f"{out_dir} is not an hf-rebasin merge output (it has no barrier.json): pass the folder "
                         "written by `hf-rebasin merge`, or use the Python API hf_rebasin.evals.run_eval for any model")
-    try:
-        barrier = json.loads(barrier_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UserError(f"{barrier_file} is not valid JSON ({error}); re-run `hf-rebasin merge`") from error
-    task = barrier.get("task")
-    if task != "causal-lm":
-        raise UserError(f"{out_dir} holds a {task or 'non-language'} merge ({barrier.get('architecture', '?')}); "
+    report = read_report(out_dir)
+    if report.task != "causal-lm":
+        raise UserError(f"{out_dir} holds a {report.task or 'non-language'} merge ({report.architecture}); "
                         "lm-eval is for language models (causal LMs) only")
-    return barrier
+    return report
 
 
 def endpoint_labels(sources: list) -> list[str]:
     return [chr(ord("A") + i) if i < 26 else f"M{i}" for i in range(len(sources))]
-
-
-def versions() -> dict[str, str | None]:
-    found = {}
-    for package in ("lm_eval", "hf-rebasin", "torch", "transformers", "datasets"):
-        try:
-            found[package.replace("-", "_")] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            found[package.replace("-", "_")] = None
-    return found
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(data, stream, indent=2)
-            stream.write("\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; eval.json is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def format_value(metrics: dict, metric: str) -> str:
@@ -298,78 +272,49 @@ def results_table(results: dict[str, dict]) -> str:
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
 
 
-def refresh_card(out_dir: Path) -> bool:
-    cards = importlib.import_module("hf_rebasin.cards")  # looked up at call time: tests record the call
-    cards.write_card(out_dir)
-    return True
-
-
 def parse_batch_size(text: str) -> int | str:
-    if text == "auto" or text.startswith("auto:"):
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise UserError(f"--batch-size {text!r} must be a positive integer or 'auto'")
-    return value
+    return text if text == "auto" or text.startswith("auto:") else int(text)
 
 
-def command(args) -> int:
-    out_dir = Path(args.dir)
-    barrier = read_merge_output(out_dir)
-    if args.limit is not None and args.limit < 1:
-        raise UserError(f"--limit {args.limit} must be a positive number of examples per task")
-    batch_size = parse_batch_size(str(args.batch_size))
-    device = pick_device(args.device)
+def evaluate_merge(out_dir: str | Path, options: EvalOptions | None = None, *, announce=print) -> dict:
+    """Score a merge output folder (and with options.endpoints its sources) with lm-eval; write eval.json and
+    refresh the card, both through a staging copy of the folder swapped in at the end (nothing is changed if
+    anything fails).  Returns the eval.json content."""
+    import json
+    options = options or EvalOptions()
+    options.check()
+    out_dir = Path(out_dir)
+    report = read_merge_output(out_dir)
+    device = pick_device(options.device)
+    batch_size = parse_batch_size(options.batch_size)
     models = {"merged": str(out_dir)}
-    if args.endpoints:
-        sources = [str(s) for s in barrier.get("models") or []]
-        if not sources:
+    if options.endpoints:
+        if not report.models:
             raise UserError(f"{out_dir}/barrier.json lists no source models, so --endpoints has nothing to evaluate")
-        models.update(zip(endpoint_labels(sources), sources))
+        models.update(zip(endpoint_labels(report.models), map(str, report.models)))
     for source in models.values():
         check_language_model(source)
 
     start = time.perf_counter()
-    task_set = prepare_tasks(args.tasks, args.include_path)
+    task_set = prepare_tasks(options.tasks, options.include_path)
     timings = {"tasks_s": round(time.perf_counter() - start, 3)}
     results, samples = {}, {}
     for label, source in models.items():
-        print(f"hf-rebasin eval: {label} ({source}) on {', '.join(task_set.names)}", flush=True)
-        outcome = evaluate_source(source, task_set, limit=args.limit, batch_size=batch_size, device=device)
+        announce(f"hf-rebasin eval: {label} ({source}) on {', '.join(task_set.names)}")
+        outcome = evaluate_source(source, task_set, limit=options.limit, batch_size=batch_size, device=device)
         results[label], samples[label] = outcome.metrics, outcome.samples
         timings[f"{label}_s"] = round(outcome.seconds, 3)
-
-    report = {"tasks": task_set.names, "num_fewshot": NUM_FEWSHOT, "limit": args.limit, "results": results,
-              "models": models, "samples": samples,
-              "settings": {"batch_size": batch_size, "device": device, "include_path": args.include_path},
-              "versions": versions(), "timings": timings}
-    eval_file = out_dir / EVAL_FILE
-    write_json_atomic(eval_file, report)
-    print(results_table(results))
-    print(f"wrote {eval_file}")
-    if refresh_card(out_dir):
-        print(f"updated the model card {out_dir / 'README.md'}")
-    return 0
+    evaluation = {"tasks": task_set.names, "num_fewshot": NUM_FEWSHOT, "limit": options.limit, "results": results,
+                  "models": models, "samples": samples,
+                  "settings": {"batch_size": batch_size, "device": device, "include_path": options.include_path},
+                  "versions": installed_versions(("lm-eval", "hf-rebasin", "torch", "transformers", "datasets")),
+                  "timings": timings}
+    with edited_dir(out_dir) as stage:
+        atomic_write(stage / EVAL_FILE, json.dumps(evaluation, indent=2) + "\n")
+        refresh_card(stage, out_dir.name)
+    return evaluation
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "eval", help="zero-shot lm-eval scores of a merged language model (and optionally its endpoints)",
-        description="Zero-shot lm-eval scores (default: PIQA, SciQ, ARC-Easy) of a merged language model, "
-                    "written to DIR/eval.json and added to the model card.")
-    parser.add_argument("dir", metavar="DIR", help="a merge output folder (written by `hf-rebasin merge`)")
-    parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
-                        help="comma-separated lm-eval task names (default: %(default)s)")
-    parser.add_argument("--endpoints", action="store_true",
-                        help="also evaluate the source models listed in barrier.json (columns A, B, ...)")
-    parser.add_argument("--limit", type=int, default=None, help="at most N examples per task (for quick checks)")
-    parser.add_argument("--batch-size", default=str(DEFAULT_BATCH_SIZE),
-                        help="batch size, or 'auto' (default: %(default)s)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                        help="where to run the model (default: cuda when available)")
-    parser.add_argument("--include-path", default=None, metavar="PATH",
-                        help="folder of extra lm-eval task YAMLs (e.g. local copies of tasks for offline use)")
-    parser.set_defaults(func=command)
+def refresh_card(out_dir: Path, model_name: str) -> None:
+    cards = importlib.import_module("hf_rebasin.cards")  # looked up at call time: tests record the call
+    cards.write_card(out_dir, model_name=model_name)

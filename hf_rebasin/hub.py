@@ -1,10 +1,17 @@
-"""``hf-rebasin push``: upload a merge output folder (model, barrier.json, plot, card) to the Hugging Face Hub."""
+"""Publishing a merge output folder (model, barrier.json, plot, card) to the Hugging Face Hub.
+
+What is uploaded is a hard-linked copy of the folder in which the card is rendered for the repository's
+name and barrier.json shows local paths by their names only (never an absolute path).  The folder itself
+is not touched until the upload succeeded; then its card is replaced by the one that was published."""
 from __future__ import annotations
 
 import shlex
 from pathlib import Path
 
-from .cli import UserError
+from .cards import public_command, public_value, render_card
+from .errors import UserError
+from .io import atomic_write, linked_copy
+from .report import read_report, report_text
 
 
 def push_command(out_dir: Path, repo_id: str, *, exist_ok: bool, private: bool, revision: str | None,
@@ -21,7 +28,7 @@ def one_line(error: Exception) -> str:
     return f"{type(error).__name__}: " + " ".join(str(error).split())  # HTTP errors span several lines
 
 
-def hub_token(token: str | None) -> str:
+def hub_token(token: str | None = None) -> str:
     from huggingface_hub import get_token
     token = token or get_token()
     if not token:
@@ -30,20 +37,38 @@ def hub_token(token: str | None) -> str:
     return token
 
 
+def check_push_target(repo_id: str) -> None:
+    """What can be checked before a merge that ends in a push: the repo id's form and a token."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise UserError(f"--push-to-hub {repo_id!r} is not a Hub repository id ({one_line(error)})") from error
+    hub_token(None)
+
+
+def publishable_report(out_dir: Path) -> str:
+    """barrier.json as it is published: local paths by their names only."""
+    report = read_report(out_dir)
+    report.models = public_value(report.models)
+    report.data = public_value(report.data)
+    report.settings = public_value(report.settings)
+    report.command = public_command(report.command)
+    return report_text(report)
+
+
 def push(out_dir: str | Path, repo_id: str, *, private: bool = False, revision: str | None = None,
          commit_message: str | None = None, exist_ok: bool = False, token: str | None = None) -> str:
     """Create repo_id on the Hub and upload the merge output folder to it; return the commit url."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
-    from .cards import read_barrier, write_card
-
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         raise UserError(f"{out_dir} is not a folder: pass the output folder of `hf-rebasin merge`")
-    barrier = read_barrier(out_dir)
+    report = read_report(out_dir)
     token = hub_token(token)
-    write_card(out_dir, model_name=repo_id.split("/")[-1])
+    model_name = repo_id.split("/")[-1]
     api = HfApi(token=token)  # endpoint from HF_ENDPOINT (huggingface_hub.constants.ENDPOINT)
     options = dict(private=private, revision=revision, commit_message=commit_message)
     first_try = push_command(out_dir, repo_id, exist_ok=exist_ok, **options)
@@ -65,38 +90,20 @@ def push(out_dir: str | Path, repo_id: str, *, private: bool = False, revision: 
         raise UserError(f"could not create the Hub repo {repo_id} ({one_line(error)}). "
                         f"Retry with: {first_try}") from error
 
-    try:
-        if revision and revision != "main":
-            api.create_branch(repo_id, branch=revision, exist_ok=True)
-        info = api.upload_folder(
-            repo_id=repo_id, folder_path=out_dir, revision=revision,
-            ignore_patterns=[".*.tmp"],  # a temp file left by a killed write_card
-            commit_message=commit_message or f"hf-rebasin merge ({barrier['method']}) of "
-                                             + ", ".join(map(str, barrier["models"])),
-        )
-    except Exception as error:  # noqa: BLE001 - any upload failure (HTTP, network, disk) gets the retry command
-        raise UserError(f"upload of {out_dir} to {repo_id} failed ({one_line(error)}). "
-                        f"{out_dir} is unchanged; retry with: {retry}") from error
+    card = str(render_card(out_dir, model_name=model_name))
+    with linked_copy(out_dir, "push") as stage:
+        atomic_write(stage / "README.md", card)
+        atomic_write(stage / "barrier.json", publishable_report(out_dir))
+        try:
+            if revision and revision != "main":
+                api.create_branch(repo_id, branch=revision, exist_ok=True)
+            info = api.upload_folder(
+                repo_id=repo_id, folder_path=stage, revision=revision,
+                ignore_patterns=[".*.tmp"],  # a temp file left by a killed write
+                commit_message=commit_message or f"hf-rebasin merge ({report.method}) of "
+                                                 + ", ".join(public_value(report.models)))
+        except Exception as error:  # noqa: BLE001 - any upload failure (HTTP, network, disk) gets the retry command
+            raise UserError(f"upload of {out_dir} to {repo_id} failed ({one_line(error)}). "
+                            f"{out_dir} is unchanged; retry with: {retry}") from error
+    atomic_write(out_dir / "README.md", card)  # the folder's card is now the published one
     return info.commit_url
-
-
-def run_push(args) -> int:
-    url = push(args.dir, args.repo_id, private=args.private, revision=args.revision,
-               commit_message=args.commit_message, exist_ok=args.exist_ok)
-    print(url)
-    return 0
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "push", help="upload a merge output folder to the Hugging Face Hub",
-        description="Upload the output folder of `hf-rebasin merge` (merged model, barrier.json, barrier.png and "
-                    "a freshly rendered model card) to a new Hub repository. Needs HF_TOKEN or `hf auth login`.")
-    parser.add_argument("dir", help="the merge output folder (holds barrier.json)")
-    parser.add_argument("repo_id", help="the Hub repository to create, e.g. your-name/pythia-70m-merged")
-    parser.add_argument("--private", action="store_true", help="create the repository as private")
-    parser.add_argument("--revision", help="branch to upload to (created from main if missing)")
-    parser.add_argument("--commit-message", help="message of the upload commit")
-    parser.add_argument("--exist-ok", action="store_true",
-                        help="upload into the repository if it already exists (otherwise that is an error)")
-    parser.set_defaults(func=run_push)

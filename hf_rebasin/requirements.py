@@ -47,3 +47,14 @@ def check_installed_versions(bounds: dict[str, Version] | None = None, version_o
     if too_old:
         fix = " ".join(f"'{p.split()[0]}>={bounds[p.split()[0]]}'" for p in too_old)
         raise DependencyVersionError("; ".join(too_old) + f". Upgrade with: pip install -U {fix}")
+
+
+def installed_versions(packages: tuple[str, ...] = ("hf-rebasin", "torch", "transformers", "timm")) -> dict:
+    """{package: version or None} as recorded in reports (keys with '_' for '-')."""
+    found = {}
+    for package in packages:
+        try:
+            found[package.replace("-", "_")] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package.replace("-", "_")] = None
+    return found

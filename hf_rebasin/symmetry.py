@@ -29,7 +29,7 @@ class Transform:
     glu_scale: list[Tensor | None] = field(default_factory=list)  # (ffn,) per layer
 
     @staticmethod
-    def identity(spec: Spec) -> "Transform":
+    def identity(spec: Spec) -> Transform:
         none = [None] * spec.n_layers
         return Transform(None, 1.0, list(none), list(none), list(none), list(none), list(none))
 
@@ -49,7 +49,7 @@ class Transform:
         return {k: v.detach().contiguous().cpu() for k, v in out.items()}
 
     @staticmethod
-    def from_tensors(tensors: dict[str, Tensor], spec: Spec) -> "Transform":
+    def from_tensors(tensors: dict[str, Tensor], spec: Spec) -> Transform:
         t = Transform.identity(spec)
         t.rotation = tensors.get("rotation")
         t.scale = float(tensors["scale"]) if "scale" in tensors else 1.0
@@ -83,7 +83,8 @@ def _permute_heads(x: Tensor, perm: Tensor, head_dim: int, dim: int) -> Tensor:
     return xh.index_select(dim, perm).reshape(shape)
 
 
-def transform_layer(params: dict[str, Tensor], i: int, spec: Spec, t: Transform, rotate: bool = True) -> dict[str, Tensor]:
+def transform_layer(params: dict[str, Tensor], i: int, spec: Spec, t: Transform,
+                    rotate: bool = True) -> dict[str, Tensor]:
     """The tensors of layer i under t (head/FFN permutations, per-head maps, GLU scales and, unless
     rotate=False, the residual rotation and scale).  Reads only layer i's keys of params."""
     prefix = f"layers.{i}."
@@ -158,6 +159,43 @@ def apply(graph: Graph, t: Transform) -> Graph:
         p.update(transform_layer(graph.params, i, spec, t))
     eps = graph.norm_eps * float(t.scale) ** 2  # norm(g x) with eps g^2 equals norm(x) with eps, exactly
     return graph.replace(p, norm_eps=eps)
+
+
+# --- the group product ---------------------------------------------------------------------------
+
+def _product(x: Tensor | None, y: Tensor | None) -> Tensor | None:
+    if x is None:
+        return y
+    if y is None:
+        return x
+    return (x.double() @ y.double()).to(y.dtype)
+
+
+def compose(t1: Transform, t2: Transform, spec: Spec) -> Transform:
+    """The element t with apply(g, t) == apply(apply(g, t1), t2) (t1 first, then t2).
+
+    Heads: new head j of the product is old head p1[p2[j]]; it carries t1's map of the group it
+    came from, then t2's map of the group it lands in.  FFN units likewise; GLU scales multiply
+    through t2's permutation.  Rotations and scales multiply: writes see W G1 G2 g1 g2."""
+    out = Transform.identity(spec)
+    out.rotation = _product(t1.rotation, t2.rotation)
+    out.scale = float(t1.scale) * float(t2.scale)
+    for i in range(spec.n_layers):
+        p1, p2 = t1.per_layer("head_perm", i), t2.per_layer("head_perm", i)
+        kv2 = None if p2 is None else kv_perm_of(p2, spec.group_size)
+        out.head_perm[i] = p2 if p1 is None else (p1 if p2 is None else p1[p2])
+        for name in ("qk_maps", "ov_maps"):
+            m1, m2 = t1.per_layer(name, i), t2.per_layer(name, i)
+            if m1 is not None and kv2 is not None:
+                m1 = m1[kv2]
+            getattr(out, name)[i] = _product(m1, m2)
+        f1, f2 = t1.per_layer("ffn_perm", i), t2.per_layer("ffn_perm", i)
+        out.ffn_perm[i] = f2 if f1 is None else (f1 if f2 is None else f1[f2])
+        s1, s2 = t1.per_layer("glu_scale", i), t2.per_layer("glu_scale", i)
+        if s1 is not None and f2 is not None:
+            s1 = s1[f2]
+        out.glu_scale[i] = s2 if s1 is None else (s1 if s2 is None else s1 * s2)
+    return out
 
 
 # --- random group elements (for tests and for disguising a model) ------------------------------
@@ -238,7 +276,8 @@ def random_transform(spec: Spec, seed: int = 0, dtype=torch.float32, scale: floa
         t.ffn_perm.append(torch.randperm(spec.ffn_dim, generator=gen))
         if spec.glu:
             signs = torch.where(torch.rand(spec.ffn_dim, generator=gen) < 0.5, -1.0, 1.0)
-            t.glu_scale.append((signs * torch.exp(torch.empty(spec.ffn_dim).uniform_(-0.7, 0.7, generator=gen))).to(dtype))
+            magnitude = torch.exp(torch.empty(spec.ffn_dim).uniform_(-0.7, 0.7, generator=gen))
+            t.glu_scale.append((signs * magnitude).to(dtype))
         else:
             t.glu_scale.append(None)
     return t

@@ -10,39 +10,21 @@ from pathlib import Path
 
 import torch
 
-LM_CONFIGS: dict[str, tuple[str, dict]] = {
-    "gpt_neox": ("GPTNeoXConfig", dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
-                                       intermediate_size=64, vocab_size=97, max_position_embeddings=64,
-                                       rotary_pct=0.5, use_parallel_residual=True)),
-    "gpt_neox_sequential": ("GPTNeoXConfig", dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
-                                                  intermediate_size=64, vocab_size=97, max_position_embeddings=64,
-                                                  rotary_pct=0.25, use_parallel_residual=False,
-                                                  attention_bias=False)),
-    "llama_gqa_tied": ("LlamaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                           num_hidden_layers=2, intermediate_size=48, vocab_size=97,
-                                           max_position_embeddings=64, tie_word_embeddings=True)),
-    "llama_untied_bias": ("LlamaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4,
-                                              num_hidden_layers=2, intermediate_size=48, vocab_size=97,
-                                              max_position_embeddings=64, tie_word_embeddings=False,
-                                              attention_bias=True, mlp_bias=True, head_dim=16)),
-    "olmo": ("OlmoConfig", dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=48,
-                                vocab_size=97, max_position_embeddings=64, tie_word_embeddings=True,
-                                pad_token_id=1, bos_token_id=None, eos_token_id=2)),
-    "olmo_clip_qkv": ("OlmoConfig", dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
-                                         intermediate_size=48, vocab_size=97, max_position_embeddings=64,
-                                         tie_word_embeddings=False, clip_qkv=0.8, pad_token_id=1,
-                                         bos_token_id=None, eos_token_id=2)),
-    "gpt2": ("GPT2Config", dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97, n_positions=64)),
-}
 
-VIT_CONFIGS: dict[str, dict] = {
-    "vit": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=10,
-                init_values=0.5),
-    "vit_avgpool": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
-                        num_classes=10, class_token=False, global_pool="avg", reg_tokens=1),
-}
+def kinds() -> tuple[str, ...]:
+    """Every tiny variant of every registered adapter (each adapter declares its own)."""
+    from .adapters import tiny_variants
+    return tuple(tiny_variants())
 
-KINDS = tuple(LM_CONFIGS) + tuple(VIT_CONFIGS)
+
+def adapter_of(kind: str):
+    from .adapters import tiny_variants
+    return tiny_variants()[kind]
+
+
+def is_image_model(kind: str) -> bool:
+    from .backends import BACKENDS
+    return BACKENDS[adapter_of(kind).backend].task == "image-classification"
 
 
 def randomise_(model: torch.nn.Module, seed: int) -> None:
@@ -67,15 +49,10 @@ def randomise_(model: torch.nn.Module, seed: int) -> None:
 
 
 def build_tiny(kind: str, seed: int = 0) -> torch.nn.Module:
-    if kind in VIT_CONFIGS:
-        import timm
-        model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **VIT_CONFIGS[kind])
-    else:
-        import transformers
-        config_name, kwargs = LM_CONFIGS[kind]
-        config = getattr(transformers, config_name)(**kwargs)
-        torch.manual_seed(seed)
-        model = transformers.AutoModelForCausalLM.from_config(config)
+    from .backends import BACKENDS
+    adapter = adapter_of(kind)
+    torch.manual_seed(seed)
+    model = BACKENDS[adapter.backend].create_tiny(adapter, kind)
     randomise_(model, seed)
     return model.eval()
 
@@ -87,6 +64,7 @@ def tiny_tokenizer(vocab_size: int = 97):
     import difflib
     import inspect
     import json
+
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
     counts = collections.Counter("".join(inspect.getsource(m) for m in (json, difflib, inspect)))
@@ -99,23 +77,19 @@ def tiny_tokenizer(vocab_size: int = 97):
 
 def make_tiny(kind: str, path: str | Path, seed: int = 0) -> Path:
     """Write a tiny random model of the given kind to path (Hub layout, LMs with a tokenizer)."""
+    from .backends import BACKENDS
     path = Path(path)
-    model = build_tiny(kind, seed)
-    if kind in VIT_CONFIGS:
-        from timm.models import save_for_hf
-        save_for_hf(model, str(path), model_args=VIT_CONFIGS[kind], safe_serialization=True)
-    else:
-        model.save_pretrained(path, safe_serialization=True)
-        tiny_tokenizer(LM_CONFIGS[kind][1]["vocab_size"]).save_pretrained(path)
+    adapter = adapter_of(kind)
+    BACKENDS[adapter.backend].save_new(build_tiny(kind, seed), adapter, kind, path)
     return path
 
 
 def example_inputs(kind: str, batch: int = 2, seq: int = 12, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    if kind in VIT_CONFIGS:
-        size = VIT_CONFIGS[kind]["img_size"]
-        return torch.randn(batch, 3, size, size, generator=gen)
-    return torch.randint(0, LM_CONFIGS[kind][1]["vocab_size"], (batch, seq), generator=gen)
+    config = adapter_of(kind).tiny[kind]
+    if is_image_model(kind):
+        return torch.randn(batch, 3, config["img_size"], config["img_size"], generator=gen)
+    return torch.randint(0, config["vocab_size"], (batch, seq), generator=gen)
 
 
 def outputs(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-
 # --- a real corpus every machine has: CPython's standard-library sources (PSF License) --------------------
 
 STDLIB_SKIPPED_DIRS = frozenset({"site-packages", "test", "tests", "idle_test", "__pycache__", "pydoc_data",
@@ -183,7 +182,8 @@ def train_vit(model_args: dict, images: torch.Tensor, labels: torch.Tensor, *, s
 
     check_positive(steps=steps, batch_size=batch_size, lr=lr)
     if images.dim() != 4 or not images.is_floating_point():
-        raise ValueError(f"images must be a float tensor shaped (N, C, H, W), got {images.dtype} {tuple(images.shape)}.")
+        raise ValueError(f"images must be a float tensor shaped (N, C, H, W), got {images.dtype} "
+                         f"{tuple(images.shape)}.")
     if labels.shape != (len(images),) or labels.is_floating_point():
         raise ValueError(f"labels must be an integer tensor shaped ({len(images)},), got {labels.dtype} "
                          f"{tuple(labels.shape)}.")

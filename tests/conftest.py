@@ -2,9 +2,8 @@ import os
 import warnings
 from pathlib import Path
 
-import pytest
-
 import corpus
+import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -44,13 +43,12 @@ def tiny_dirs(tmp_path_factory):
     """One tiny random checkpoint folder per supported variant (seed 1)."""
     from hf_rebasin import tiny
     root = tmp_path_factory.mktemp("tiny")
-    return {kind: tiny.make_tiny(kind, root / kind, seed=1) for kind in tiny.KINDS}
+    return {kind: tiny.make_tiny(kind, root / kind, seed=1) for kind in tiny.kinds()}
 
 
 def train_char_models(root: Path, kind: str, seeds) -> Path:
     """Tiny `kind` LMs trained from each seed on standard-library sources (char-level, 300 steps), saved
     as root/model-SEED, with root/train.txt (the text they saw) and root/test.txt (other files, held out)."""
-    import transformers
     from hf_rebasin import tiny
     from hf_rebasin.data import token_windows
     from hf_rebasin.training import save_lm, train_causal_lm
@@ -58,9 +56,8 @@ def train_char_models(root: Path, kind: str, seeds) -> Path:
     (root / "test.txt").write_text(corpus.heldout_text())
     tokenizer = tiny.tiny_tokenizer(97)
     windows = token_windows([corpus.train_text()], tokenizer, 32)
-    config_class, kwargs = tiny.LM_CONFIGS[kind]
     for seed in seeds:
-        model = train_causal_lm(getattr(transformers, config_class)(**kwargs), windows, seed=seed, steps=300,
+        model = train_causal_lm(tiny.adapter_of(kind).tiny_config(kind), windows, seed=seed, steps=300,
                                 batch_size=16, lr=1e-2, progress=False)
         save_lm(model, tokenizer, root / f"model-{seed}")
     return root

@@ -5,23 +5,23 @@ runs every test.  Training and held-out text come from disjoint files; the BPE t
 test time on the training files only."""
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from hf_rebasin.training import EOS, stdlib_files, stdlib_texts, train_bpe_tokenizer
 
 
-@lru_cache(maxsize=None)
+@cache
 def _texts(offset: int) -> tuple[str, ...]:
     return tuple(stdlib_texts(stdlib_files()[offset::7]))
 
 
-@lru_cache(maxsize=None)
+@cache
 def train_text(chars: int = 200_000) -> str:
     """At least `chars` characters of whole training files (every 7th file, from the first)."""
     return _join(_texts(0), chars)
 
 
-@lru_cache(maxsize=None)
+@cache
 def heldout_text(chars: int = 40_000) -> str:
     """At least `chars` characters of other files (every 7th, from the fourth): never in train_text."""
     return _join(_texts(3), chars)
@@ -37,7 +37,7 @@ def _join(texts: tuple[str, ...], chars: int) -> str:
     raise RuntimeError(f"the standard library gave only {total} characters")
 
 
-@lru_cache(maxsize=None)
+@cache
 def bpe_tokenizer(vocab_size: int = 512):
     """A byte-level BPE (GPT-2 style, `<|endoftext|>` as EOS) trained on 400 kB of training files."""
     return train_bpe_tokenizer([train_text(400_000)], vocab_size, model_max_length=1 << 20)

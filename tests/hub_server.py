@@ -350,7 +350,7 @@ def write_merge_output(out_dir: str | Path, **overrides) -> dict:
     end_a, end_b = 4.21, 4.37
     line = [(1 - lam) * end_a + lam * end_b for lam in lambdas]
     loss = [y + 1.3 * lam * (1 - lam) * (1 + 0.2 * lam) for y, lam in zip(line, lambdas)]
-    excess = [l - y for l, y in zip(loss, line)]
+    excess = [value - y for value, y in zip(loss, line)]
     worst = max(range(len(lambdas)), key=excess.__getitem__)
     barrier = {
         "hf_rebasin_version": "0.1.0", "method": "wm",

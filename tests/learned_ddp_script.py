@@ -33,27 +33,28 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from hf_rebasin import models
-    from hf_rebasin.barrier import EvalData
+    from hf_rebasin.evaluation import EvalData
     from hf_rebasin.data import load_token_windows
-    from hf_rebasin.match.learned import LearnSettings, learn_transforms
+    from hf_rebasin.match.learned import is_main_process, learn
+    from hf_rebasin.match.weight import weight_matching
+    from hf_rebasin.options import MergeOptions
 
     a, b = models.load(args.a), models.load(args.b)
     windows, info = load_token_windows(args.text, AutoTokenizer.from_pretrained(args.a), args.seq_len, 4096)
     train = EvalData("causal-lm", windows, None, info)
-    settings = LearnSettings(method=args.method, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
-                             grad_accum=args.grad_accum, eval_every=0, device="cpu")
-    result, accelerator = learn_transforms(models.canonicalise(a), models.canonicalise(b), a, train, None, settings,
-                                           progress=False)
-    if accelerator.is_main_process:
+    options = MergeOptions(method=args.method, steps=args.steps, lr=args.lr, learn_batch_size=args.batch_size,
+                           grad_accum=args.grad_accum, eval_every=0, device="cpu")
+    graphs = [models.canonicalise(a), models.canonicalise(b)]
+    result = learn(graphs, weight_matching(*graphs, progress=False), a, train, None, options, progress=False)
+    if is_main_process():
+        from accelerate import PartialState
         tensors = {f"a.{k}": v for k, v in result.transform_a.to_tensors().items()}
         tensors.update({f"b.{k}": v for k, v in result.transform_b.to_tensors().items()})
         save_file(tensors, args.out + ".safetensors")
-        report = {"num_processes": accelerator.num_processes, "world_size_env": os.environ.get("WORLD_SIZE"),
+        report = {"num_processes": PartialState().num_processes, "world_size_env": os.environ.get("WORLD_SIZE"),
                   "log": result.log[-3:]}
         with open(args.out + ".json", "w") as f:
             json.dump(report, f)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
 
 
 if __name__ == "__main__":

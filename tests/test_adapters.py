@@ -1,6 +1,7 @@
 """Exactness of every adapter and every symmetry (DESIGN §2-3), and the errors users see."""
 import json
 
+import checks
 import pytest
 import torch
 
@@ -8,11 +9,7 @@ from hf_rebasin import models, symmetry, tiny
 from hf_rebasin.adapters import UnsupportedModelError
 from hf_rebasin.symmetry import Transform
 
-KINDS = tiny.KINDS
-
-
-def _max_diff(model_a, model_b, inputs):
-    return (tiny.outputs(model_a, inputs) - tiny.outputs(model_b, inputs)).abs().max().item()
+KINDS = tiny.kinds()  # every tiny variant of every registered adapter
 
 
 @pytest.fixture(scope="module")
@@ -22,49 +19,17 @@ def loaded(tiny_dirs):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_canonical_round_trip_is_exact(loaded, kind):
-    source = loaded[kind]
-    x = tiny.example_inputs(kind)
-    assert tiny.outputs(source.model, x).abs().max() > 1.0  # the comparison below is not of near-zero logits
-    exported = models.instantiate(models.canonicalise(source), source)
-    assert _max_diff(source.model, exported, x) <= 1e-5
+    checks.round_trip_is_exact(loaded[kind], kind)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_random_group_element_preserves_function(loaded, kind):
-    source = loaded[kind]
-    graph = models.canonicalise(source)
-    t = symmetry.random_transform(graph.spec, seed=7)
-    moved = symmetry.apply(graph, t)
-    # the element really moves the weights (else the test could not fail)
-    for key in ("layers.0.attn.q", "layers.1.mlp.down", "head.weight"):
-        assert (moved.params[key] - graph.params[key]).abs().max() > 0.1
-    x = tiny.example_inputs(kind, seed=3)
-    # g != 1 is exact because the exported norm eps is rescaled by g^2; classes with a fixed eps get g = 1
-    assert _max_diff(source.model, models.instantiate(moved, source), x) <= 1e-4
+    checks.random_group_element_preserves_function(loaded[kind], kind)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_export_loads_with_stock_loader(loaded, kind, tmp_path):
-    source = loaded[kind]
-    graph = symmetry.apply(models.canonicalise(source), symmetry.random_transform(models.canonicalise(source).spec, 3))
-    models.export(graph, source, tmp_path / "out")
-    if source.adapter.library == "timm":
-        import timm
-        reloaded = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()
-        assert type(reloaded).__name__ == "VisionTransformer"
-    else:
-        import transformers
-        reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
-        assert type(reloaded) is type(source.model)
-        config = json.loads((tmp_path / "out" / "config.json").read_text())
-        assert config["architectures"] == [source.adapter.architecture]
-        assert config["tie_word_embeddings"] is False
-        assert "auto_map" not in config  # no custom code
-    x = tiny.example_inputs(kind, seed=5)
-    assert _max_diff(source.model, reloaded, x) <= 1e-4
-    for name, param in reloaded.named_parameters():  # every norm gain is 1: the canonical form was exported
-        if "norm" in name and name.endswith("weight") or ".ln_" in name and name.endswith("weight"):
-            assert torch.equal(param, torch.ones_like(param)), name
+    checks.export_loads_with_stock_loader(loaded[kind], kind, tmp_path)
 
 
 def test_constraints_matter(loaded):
@@ -75,19 +40,19 @@ def test_constraints_matter(loaded):
     x = tiny.example_inputs("gpt_neox")
     bad = Transform.identity(graph.spec)
     bad.rotation = symmetry.random_orthogonal(graph.spec.d_model, torch.Generator().manual_seed(0)).float()
-    assert _max_diff(source.model, models.instantiate(symmetry.apply(graph, bad), source), x) > 1e-2
+    assert checks.max_diff(source.model, models.instantiate(symmetry.apply(graph, bad), source), x) > 1e-2
     # RoPE rules out a general QK map on rotary dims
     bad = Transform.identity(graph.spec)
     bad.qk_maps = [torch.eye(graph.spec.head_dim).repeat(graph.spec.n_heads, 1, 1) for _ in range(2)]
     bad.qk_maps[0][:, 0, 1] = 0.5
-    assert _max_diff(source.model, models.instantiate(symmetry.apply(graph, bad), source), x) > 1e-3
+    assert checks.max_diff(source.model, models.instantiate(symmetry.apply(graph, bad), source), x) > 1e-3
     # clip_qkv rules out the OV maps (the clamp is active on these weights)
     source = loaded["olmo_clip_qkv"]
     graph = models.canonicalise(source)
     assert graph.spec.head_maps is False
     bad = Transform.identity(graph.spec)
     bad.ov_maps = [2 * torch.eye(graph.spec.head_dim).repeat(graph.spec.n_heads, 1, 1) for _ in range(2)]
-    assert _max_diff(source.model, models.instantiate(symmetry.apply(graph, bad), source), x) > 1e-3
+    assert checks.max_diff(source.model, models.instantiate(symmetry.apply(graph, bad), source), x) > 1e-3
 
 
 def test_gqa_head_permutation_must_keep_groups(loaded):
@@ -148,7 +113,7 @@ def test_unsupported_vit_variant(tmp_path):
 
 def test_mismatched_configs_name_the_fields(tmp_path, tiny_dirs):
     import transformers
-    kind_config = tiny.LM_CONFIGS["gpt_neox"][1]
+    kind_config = tiny.adapter_of("gpt_neox").tiny["gpt_neox"]
     other = transformers.GPTNeoXConfig(**{**kind_config, "hidden_size": 48, "vocab_size": 101})
     transformers.GPTNeoXForCausalLM(other).save_pretrained(tmp_path)
     with pytest.raises(models.IncompatibleModelsError, match="d_model: 32 vs 48.*n_out: 97 vs 101"):

@@ -6,11 +6,11 @@ import math
 import re
 
 import pytest
+from hub_server import write_merge_output
 from huggingface_hub import ModelCard
 
 from hf_rebasin import cards
 from hf_rebasin.cli import UserError, main
-from hub_server import write_merge_output
 
 EVAL = {
     "tasks": ["piqa", "sciq"], "num_fewshot": 0, "limit": 200,
@@ -52,8 +52,10 @@ def table(text: str, first_header_cell: str) -> tuple[list[str], list[list[str]]
 def test_metadata(merge_dir):
     barrier = json.loads((merge_dir / "barrier.json").read_text())
     card = ModelCard.load(cards.write_card(merge_dir))
-    assert card.data.base_model == ["EleutherAI/pythia-14m"]  # the Hub id; the local path only in the body
-    assert f"`{barrier['models'][1]}`" in card.text and "`EleutherAI/pythia-14m`" in card.text
+    assert card.data.base_model == ["EleutherAI/pythia-14m"]  # the Hub id; the local folder only in the body,
+    local = barrier["models"][1]  # an absolute path, shown by its folder name only (the card is published)
+    assert local.startswith("/") and "| B | `seed2` |" in card.text and "`EleutherAI/pythia-14m`" in card.text
+    assert str(merge_dir.parent) not in str(card)
     assert card.data.base_model_relation == "merge"
     assert card.data.library_name == "transformers"
     assert card.data.pipeline_tag == "text-generation"
@@ -112,12 +114,13 @@ def test_body_has_plot_command_caveats_and_settings(merge_dir):
     text = cards.render_card(merge_dir).text
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert links == ["barrier.png"] and (merge_dir / links[0]).is_file()
-    assert f"```bash\n{barrier['command']}\n```" in text
+    assert f"```bash\n{cards.public_command(barrier['command'])}\n```" in text
+    assert "hf-rebasin merge EleutherAI/pythia-14m seed2 --method wm -o out" in text  # no absolute path
     for note in barrier["notes"]:
         assert f"* {note}\n" in text
     assert "weight matching" in text and "`--method wm`" in text
     assert "16,384 tokens in sequences of 128" in text and barrier["data"]["spec"] in text
-    assert "`rounds=5`" in text
+    assert "| `rounds` | `5` |" in text and "| `seed` | `0` |" in text  # the settings, as a table
     assert f"**{barrier['barrier']:.4f}** at λ = {barrier['barrier_lambda']:.2f}" in text
 
 
@@ -133,7 +136,7 @@ def test_eval_table_and_model_index_after_eval_json(merge_dir):
     (merge_dir / "eval.json").write_text(json.dumps(EVAL))
     card = ModelCard.load(cards.write_card(merge_dir))
     header, rows = table(card.text, "task")
-    assert header == ["task", "metric", "merged", "A (`EleutherAI/pythia-14m`)", "B (`/runs/seed2`)"]
+    assert header == ["task", "metric", "merged", "A (`EleutherAI/pythia-14m`)", "B (`seed2`)"]
     expected = [("piqa", "acc"), ("piqa", "acc_norm"), ("sciq", "acc")]
     assert [(r[0], r[1]) for r in rows] == expected
     for row, (task, metric) in zip(rows, expected):
@@ -160,7 +163,8 @@ def test_write_card_is_atomic(merge_dir, monkeypatch):
     def disk_full(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cards.os, "replace", disk_full)
+    from hf_rebasin import io
+    monkeypatch.setattr(io.os, "replace", disk_full)
     with pytest.raises(OSError, match="No space left"):
         cards.write_card(merge_dir)
     assert readme.read_text() == "the previous card"

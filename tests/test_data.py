@@ -6,6 +6,7 @@ import math
 import time
 from pathlib import Path
 
+import corpus
 import numpy as np
 import pytest
 import torch
@@ -13,8 +14,6 @@ from PIL import Image
 
 from hf_rebasin import data
 from hf_rebasin.data import DataError, load_token_windows, read_images, read_texts, split_text, token_windows
-
-import corpus
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import types
 from importlib import metadata
 from pathlib import Path
 
+import corpus
 import pytest
 import torch
 
-import corpus
 from hf_rebasin import cli, evals, models
 from hf_rebasin.tiny import make_tiny, randomise_
 
@@ -140,9 +140,9 @@ def offline(monkeypatch, tmp_path):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets_cache")
     calls = []
 
-    def write_card(out_dir):
+    def write_card(out_dir, model_name=None):  # records the card's name and the eval.json beside it
         eval_file = Path(out_dir) / "eval.json"
-        calls.append((Path(out_dir), json.loads(eval_file.read_text()) if eval_file.is_file() else None))
+        calls.append((model_name, json.loads(eval_file.read_text()) if eval_file.is_file() else None))
     monkeypatch.setitem(sys.modules, "hf_rebasin.cards", types.SimpleNamespace(write_card=write_card))
     return calls
 
@@ -194,8 +194,9 @@ def test_eval_of_merged_model_equals_reference_accuracy(merge_dir, offline, caps
     assert not [p for p in out_dir.iterdir() if p.name.endswith(".tmp")]
     printed = capsys.readouterr().out
     assert TASK in printed and f"{reference['acc']:.4f}" in printed
-    # the card is refreshed after eval.json is in place
-    assert [(path, data["results"]) for path, data in offline] == [(out_dir, report["results"])]
+    # the card (named after the folder) is refreshed once eval.json is in place, in the copy swapped in at the end
+    assert [(name, data["results"]) for name, data in offline] == [(out_dir.name, report["results"])]
+    assert not [p for p in out_dir.parent.iterdir() if "hf-rebasin" in p.name]  # no staging copy left
 
 
 def test_endpoints_are_evaluated_as_their_own_models(merge_dir):

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from hub_server import FakeHub, use_fake_hub, write_merge_output
 from huggingface_hub import ModelCard
 
 from hf_rebasin import cards, models
 from hf_rebasin.cli import UserError, main
-from hf_rebasin.hub import push
+from hf_rebasin.hub import publishable_report, push
 from hf_rebasin.tiny import example_inputs, outputs
-from hub_server import FakeHub, use_fake_hub, write_merge_output
 
 
 @pytest.fixture
@@ -60,7 +60,14 @@ def test_push_uploads_the_folder_byte_for_byte(hub, merge_dir, tiny):
     assert {"model.safetensors", "config.json"} <= set(local)
     assert set(remote) == set(local) | {".gitattributes"}
     for name, content in local.items():
-        assert remote[name] == content, name
+        if name != "barrier.json":  # the folder's card is now the published one
+            assert remote[name] == content, name
+    # barrier.json is published with local paths by their names: nothing absolute leaves the machine
+    assert remote["barrier.json"] == publishable_report(merge_dir).encode()
+    published = json.loads(remote["barrier.json"])
+    assert published["models"] == ["EleutherAI/pythia-14m", "seed2"] and published["barrier"] > 0
+    for name in ("barrier.json", "README.md"):
+        assert str(merge_dir.parent).encode() not in remote[name], name
     assert url == f"{hub.endpoint}/someuser/merged-neox/commit/{hub.repos['someuser/merged-neox'].branches['main']}"
     card = ModelCard(remote["README.md"].decode())
     assert card.data.model_name == "merged-neox"
@@ -93,7 +100,7 @@ def test_existing_repo_needs_exist_ok(hub, merge_dir):
     push(merge_dir, "someuser/twice", exist_ok=True)
     remote = hub.files("someuser/twice")
     assert hub.repos["someuser/twice"].branches["main"] != first
-    assert remote["barrier.json"] == (merge_dir / "barrier.json").read_bytes()
+    assert json.loads(remote["barrier.json"])["notes"] == barrier["notes"]
     assert "* re-run with more data" in remote["README.md"].decode()  # the card was re-rendered before upload
 
 
@@ -118,7 +125,7 @@ def test_rejected_token(hub, merge_dir, monkeypatch):
 
 
 def test_failed_upload_leaves_dir_intact_and_says_how_to_retry(hub, merge_dir, no_backoff_sleep):
-    cards.write_card(merge_dir, model_name="flaky")  # what push writes first, so the snapshot includes it
+    cards.write_card(merge_dir, model_name="flaky")  # the card push publishes, so the snapshot includes it
     before = local_files(merge_dir)
     hub.fail("commit", 500)
     with pytest.raises(UserError) as error:
@@ -133,7 +140,8 @@ def test_failed_upload_leaves_dir_intact_and_says_how_to_retry(hub, merge_dir, n
     hub.failures.clear()
     assert main(shlex.split(retry)[1:]) == 0  # the printed command works as given
     remote = hub.files("someuser/flaky")
-    assert all(remote[name] == content for name, content in before.items())
+    assert all(remote[name] == content for name, content in before.items() if name != "barrier.json")
+    assert remote["barrier.json"] == publishable_report(merge_dir).encode()
 
 
 def assert_loads_like_local(hub_id: str, folder: Path, kind: str, home: Path) -> None:

@@ -8,21 +8,21 @@ import os
 import signal
 import subprocess
 
+import corpus
 import pytest
 import torch
+from conftest import REPO, train_char_models
 
 from hf_rebasin import models, symmetry, tiny
-from hf_rebasin.barrier import EvalData, evaluate
+from hf_rebasin.evaluation import EvalData, evaluate
 from hf_rebasin.canonical import Spec, interpolate
-from hf_rebasin.cli import UserError, main
-from hf_rebasin.match import METHODS, MatchResult
-from hf_rebasin.match.learned import LearnSettings, learn_transforms, validate
-from hf_rebasin.match.params import (GeneralLinear, HeadMaps, LearnedPermutation, OnesFixingOrthogonal, Orthogonal,
-                                     compose)
-from hf_rebasin.symmetry import apply
-
-import corpus
-from conftest import REPO, train_char_models
+from hf_rebasin.cli import main
+from hf_rebasin.errors import UserError
+from hf_rebasin.match import METHODS, Alignment, MatchContext
+from hf_rebasin.match.learned import PathLoss, learn
+from hf_rebasin.match.params import GeneralLinear, HeadMaps, LearnedPermutation, OnesFixingOrthogonal, Orthogonal
+from hf_rebasin.options import MergeOptions
+from hf_rebasin.symmetry import apply, compose
 
 # max |difference| of any transform entry between 2 processes and 1 (same global batch), after 6 dual
 # steps at lr 2e-2; measured differences are ~3e-6 (gloo's all-reduce sums in another order)
@@ -36,6 +36,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def learn_transforms(a, b, template, train, eval_data, options, *, progress=False, wm=None, on_step=None):
+    """Learned matching of two graphs from `wm` (weight matching when None)."""
+    from hf_rebasin.match.weight import weight_matching
+    wm = wm or weight_matching(a, b, progress=False)
+    return learn([a, b], wm, template, train, eval_data, options, progress=progress, on_step=on_step)
 
 
 def graph_of(path):
@@ -67,7 +74,7 @@ def neox_pair(tiny_dirs, tmp_path_factory):
 
 # --- the group product and the parameterisations ----------------------------------------------------
 
-@pytest.mark.parametrize("kind", tiny.KINDS)
+@pytest.mark.parametrize("kind", tiny.kinds())
 def test_compose_is_sequential_application(kind, tiny_dirs):
     _, graph = graph_of(tiny_dirs[kind])
     t1, t2 = symmetry.random_transform(graph.spec, seed=3), symmetry.random_transform(graph.spec, seed=4)
@@ -145,12 +152,13 @@ def test_learned_transforms_are_exact_symmetries(kind, method, init, learn_perms
     template, a = graph_of(tiny_dirs[kind])
     b_dir = tiny.make_tiny(kind, tmp_path / "b", seed=5)
     _, b = graph_of(b_dir)
-    data = random_images() if kind in tiny.VIT_CONFIGS else random_windows()
+    data = random_images() if tiny.is_image_model(kind) else random_windows()
     # a non-trivial start (instead of weight matching) makes the product and the plain init visible
-    start = MatchResult(symmetry.random_transform(a.spec, seed=7), symmetry.random_transform(b.spec, seed=8))
-    settings = LearnSettings(method=method, init=init, learn_perms=learn_perms, steps=3, lr=0.05, batch_size=8,
-                             eval_every=0, inv="polar" if init == "plain" else "direct", orth="expm" if kind == "vit" else "cayley")
-    result, _ = learn_transforms(a, b, template, data, None, settings, progress=False, wm=start)
+    start = Alignment([symmetry.random_transform(a.spec, seed=7), symmetry.random_transform(b.spec, seed=8)])
+    settings = MergeOptions(method=method, init=init, learn_perms=learn_perms, steps=3, lr=0.05, learn_batch_size=8,
+                             eval_every=0, inv="polar" if init == "plain" else "direct",
+                             orth="expm" if kind == "vit" else "cayley")
+    result = learn_transforms(a, b, template, data, None, settings, progress=False, wm=start)
     assert (result.transform_b.rotation - start.transform_b.rotation).abs().max() > 1e-3  # it did learn
     x = tiny.example_inputs(kind, seed=4)
     b_loaded = models.load(b_dir)
@@ -158,13 +166,12 @@ def test_learned_transforms_are_exact_symmetries(kind, method, init, learn_perms
         exported = outputs_of(apply(graph, transform), template, x)
         assert (exported - tiny.outputs(loaded.model, x)).abs().max() < 1e-4
     # the loss trained on is the loss of the exported interpolated model
-    from hf_rebasin.match.learned import PathLoss
     from hf_rebasin.match.params import SymmetryParams
-    ends = {"b": SymmetryParams(b.spec, result.transform_b)}
+    ends = {"1": SymmetryParams(b.spec, result.transform_b)}
     if method == "dual":
-        ends["a"] = SymmetryParams(a.spec, result.transform_a)
+        ends["0"] = SymmetryParams(a.spec, result.transform_a)
     graph_a = a if method == "dual" else apply(a, result.transform_a)
-    path = PathLoss(graph_a, b, ends, template, data.task)
+    path = PathLoss([graph_a, b], ends, template, data.task)
     batch = EvalData(data.task, data.inputs[:8], None if data.labels is None else data.labels[:8])
     with torch.no_grad():
         trained_loss = float(path(batch.inputs, batch.labels, 0.3))
@@ -176,22 +183,21 @@ def test_learned_transforms_are_exact_symmetries(kind, method, init, learn_perms
 def test_dual_trains_through_the_equivalent_single_sided_path(kind, tiny_dirs, tmp_path):
     """With no permutations on A, dual evaluates (1-l) A + l (t_a^-1 t_b)(B): its loss must be the loss of
     the exported dual point (1-l) t_a(A) + l t_b(B)."""
-    from hf_rebasin.match.learned import PathLoss
     from hf_rebasin.match.params import SymmetryParams
     template, a = graph_of(tiny_dirs[kind])
     _, b = graph_of(tiny.make_tiny(kind, tmp_path / "b", seed=5))
-    ends = {"a": SymmetryParams(a.spec), "b": SymmetryParams(b.spec, symmetry.random_transform(b.spec, seed=3))}
+    ends = {"0": SymmetryParams(a.spec), "1": SymmetryParams(b.spec, symmetry.random_transform(b.spec, seed=3))}
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for p in ends["a"].parameters():
+        for p in ends["0"].parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=gen))
-    path = PathLoss(a, b, ends, template, "causal-lm")
+    path = PathLoss([a, b], ends, template, "causal-lm")
     assert path.relative
     batch = random_windows(8)
     with torch.no_grad():
         loss = float(path(batch.inputs, None, 0.4))
-    t_a, t_b = ends["a"].export(), ends["b"].export()
-    assert ends["a"].export().scale != 1.0 and (t_a.rotation - torch.eye(a.spec.d_model)).abs().max() > 1e-2
+    t_a, t_b = ends["0"].export(), ends["1"].export()
+    assert ends["0"].export().scale != 1.0 and (t_a.rotation - torch.eye(a.spec.d_model)).abs().max() > 1e-2
     merged = interpolate([apply(a, t_a), apply(b, t_b)], [0.6, 0.4])
     assert loss == pytest.approx(evaluate(models.instantiate(merged, template), batch)["loss"], abs=1e-4)
 
@@ -216,15 +222,15 @@ def test_dirichlet_weights_of_an_n_way_plan():
 
 @pytest.mark.parametrize("kind,method", [("llama_gqa_tied", "dual"), ("vit", "lm"), ("gpt_neox", "dual")])
 def test_n_way_learned_transforms_are_exact_symmetries(kind, method, tiny_dirs, tmp_path):
-    from hf_rebasin.match.learned_many import SimplexLoss, learn_many
     from hf_rebasin.match.params import SymmetryParams
     template, first = graph_of(tiny_dirs[kind])
     dirs = [tiny_dirs[kind]] + [tiny.make_tiny(kind, tmp_path / f"m{seed}", seed=seed) for seed in (5, 6)]
     graphs = [first] + [graph_of(d)[1] for d in dirs[1:]]
     start = [symmetry.random_transform(g.spec, seed=10 + k) for k, g in enumerate(graphs)]
-    data = random_images() if kind in tiny.VIT_CONFIGS else random_windows()
-    settings = LearnSettings(method=method, steps=3, lr=0.05, batch_size=8, eval_every=0, inv="direct")
-    transforms, log, info, _ = learn_many(graphs, start, template, data, None, settings, progress=False)
+    data = random_images() if tiny.is_image_model(kind) else random_windows()
+    settings = MergeOptions(method=method, steps=3, lr=0.05, learn_batch_size=8, eval_every=0, inv="direct")
+    result = learn(graphs, Alignment(start), template, data, None, settings, progress=False)
+    transforms, log = result.transforms, result.log
     learned = [0, 1, 2] if method == "dual" else [1, 2]
     assert len(log) >= 3 and all(len(entry["lambda"]) == 3 for entry in log if "lambda" in entry)
     for k in range(3):
@@ -232,10 +238,11 @@ def test_n_way_learned_transforms_are_exact_symmetries(kind, method, tiny_dirs, 
         assert (moved > 1e-3) == (k in learned), (k, moved)  # lm keeps model 0's frame
     x = tiny.example_inputs(kind, seed=4)
     for d, graph, transform in zip(dirs, graphs, transforms):
-        assert (outputs_of(apply(graph, transform), template, x) - tiny.outputs(models.load(d).model, x)).abs().max() < 1e-4
+        expected = tiny.outputs(models.load(d).model, x)
+        assert (outputs_of(apply(graph, transform), template, x) - expected).abs().max() < 1e-4
     # the loss trained on is the loss of the exported weighted average
     ends = {str(k): SymmetryParams(g.spec, t) for k, (g, t) in enumerate(zip(graphs, transforms))}
-    path = SimplexLoss(graphs, ends, template, data.task)
+    path = PathLoss(graphs, ends, template, data.task)
     batch = EvalData(data.task, data.inputs[:8], None if data.labels is None else data.labels[:8])
     weights = (0.5, 0.2, 0.3)
     with torch.no_grad():
@@ -245,11 +252,10 @@ def test_n_way_learned_transforms_are_exact_symmetries(kind, method, tiny_dirs, 
 
 
 def test_n_way_plain_init_is_refused(tiny_dirs, tmp_path):
-    from hf_rebasin.match.learned_many import learn_many
     template, graph = graph_of(tiny_dirs["gpt_neox"])
     with pytest.raises(UserError, match="--init absorbed"):
-        learn_many([graph] * 3, [symmetry.Transform.identity(graph.spec)] * 3, template, random_windows(), None,
-                   LearnSettings(method="dual", init="plain", steps=2, batch_size=8), progress=False)
+        learn([graph] * 3, Alignment([symmetry.Transform.identity(graph.spec)] * 3), template, random_windows(), None,
+              MergeOptions(method="dual", init="plain", steps=2, learn_batch_size=8), progress=False)
 
 
 # --- accelerate: two processes, one process ---------------------------------------------------------
@@ -272,14 +278,15 @@ def test_two_processes_follow_one(neox_pair, tmp_path):
     # the same global batch (8 per step) in this one process, without accumulation
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
+
     from hf_rebasin.data import load_token_windows
     template, a = graph_of(a_dir)
     _, b = graph_of(b_dir)
     windows, _ = load_token_windows(str(text), AutoTokenizer.from_pretrained(a_dir), 16, 4096)
     from hf_rebasin.match.weight import weight_matching
     wm = weight_matching(a, b, progress=False)
-    settings = LearnSettings(method="dual", steps=6, lr=2e-2, batch_size=8, eval_every=0, device="cpu")
-    result, _ = learn_transforms(a, b, template, EvalData("causal-lm", windows), None, settings, progress=False,
+    settings = MergeOptions(method="dual", steps=6, lr=2e-2, learn_batch_size=8, eval_every=0, device="cpu")
+    result = learn_transforms(a, b, template, EvalData("causal-lm", windows), None, settings, progress=False,
                                  wm=wm)
     two = load_file(out.with_suffix(".safetensors"))
     one = {f"a.{k}": v for k, v in result.transform_a.to_tensors().items()}
@@ -299,10 +306,10 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(neox_pair, tmp_path):
     wm = weight_matching(a, b, progress=False)
 
     def settings(**changes):
-        return LearnSettings(method="dual", steps=8, lr=2e-2, batch_size=8, eval_every=0,
+        return MergeOptions(method="dual", steps=8, lr=2e-2, learn_batch_size=8, eval_every=0,
                              checkpoint_dir=str(tmp_path / "ckpt"), **changes)
 
-    whole, _ = learn_transforms(a, b, template, data, None, settings(), progress=False, wm=wm)
+    whole = learn_transforms(a, b, template, data, None, settings(), progress=False, wm=wm)
 
     def press_ctrl_c(step, loss):
         if step == 3:
@@ -313,7 +320,7 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(neox_pair, tmp_path):
     saved = sorted((tmp_path / "ckpt").glob("*.pt"))
     assert len(saved) == 1 and saved[0].name.endswith("-step0000004.pt")  # the step running at Ctrl-C was finished
     assert not list((tmp_path / "ckpt").glob("*.partial"))
-    resumed, _ = learn_transforms(a, b, template, data, None, settings(resume=str(tmp_path / "ckpt")),
+    resumed = learn_transforms(a, b, template, data, None, settings(resume=str(tmp_path / "ckpt")),
                                   progress=False, wm=wm)
     for name in ("transform_a", "transform_b"):
         x, y = getattr(whole, name).to_tensors(), getattr(resumed, name).to_tensors()
@@ -358,6 +365,7 @@ def test_learned_matching_lowers_the_held_out_barrier(trained_pair, tmp_path):
     assert any("heldout_midpoint_barrier" in entry for entry in dual["match_log"])
     # the exported merged model is the midpoint of the learned path
     from transformers import AutoTokenizer
+
     from hf_rebasin.data import load_token_windows
     windows, _ = load_token_windows(str(root / "test.txt"), AutoTokenizer.from_pretrained(tmp_path / "dual"), 32, 8192)
     loss = evaluate(models.load(tmp_path / "dual").model, EvalData("causal-lm", windows), batch_size=64)["loss"]
@@ -381,6 +389,7 @@ def test_three_way_dual_lowers_the_simplex_barrier(trained_pair, tmp_path):
     assert dual["settings"]["learned"]["method"] == "dual" and not dual["settings"]["notes"]
     assert any("heldout_midpoint_barrier" in entry for entry in dual["match_log"])
     from transformers import AutoTokenizer
+
     from hf_rebasin.data import load_token_windows
     windows, _ = load_token_windows(str(root / "test.txt"), AutoTokenizer.from_pretrained(tmp_path / "dual"), 32, 8192)
     loss = evaluate(models.load(tmp_path / "dual").model, EvalData("causal-lm", windows), batch_size=64)["loss"]
@@ -399,21 +408,21 @@ def test_bad_input_is_refused_clearly(neox_pair, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--steps must be" in err and "--lr must be" in err and "Traceback" not in err
     assert not out.exists() and not list(tmp_path.glob(".merged*"))  # nothing half-written
-    for bad in (dict(lr=float("nan")), dict(lr=5.0), dict(steps=-3), dict(batch_size=6, grad_accum=4),
+    for bad in (dict(lr=float("nan")), dict(lr=5.0), dict(steps=-3), dict(learn_batch_size=6, grad_accum=4),
                 dict(warmup=20, steps=10), dict(inv="qr")):
         with pytest.raises(UserError):
-            validate(LearnSettings(**bad))
+            MergeOptions(**bad).check()
 
     (template, a), (_, b) = graph_of(a_dir), graph_of(b_dir)
     with pytest.raises(UserError, match="got none"):
-        METHODS["dual"](a, b, progress=False, data=None, template=template, cli_args=None, eval_data=None)
+        METHODS["dual"].run([a, b], MatchContext(MergeOptions(method="dual"), template=template, progress=False))
 
     # a checkpoint, then resumes that do not belong to it
     data = random_windows()
-    start = MatchResult(symmetry.random_transform(a.spec, 1), symmetry.random_transform(b.spec, 2))
-    base = dict(method="dual", steps=2, lr=1e-2, batch_size=8, eval_every=0, checkpoint_every=2,
+    start = Alignment([symmetry.random_transform(a.spec, 1), symmetry.random_transform(b.spec, 2)])
+    base = dict(method="dual", steps=2, lr=1e-2, learn_batch_size=8, eval_every=0, checkpoint_every=2,
                 checkpoint_dir=str(tmp_path / "ckpt"))
-    learn_transforms(a, b, template, data, None, LearnSettings(**base), progress=False, wm=start)
+    learn_transforms(a, b, template, data, None, MergeOptions(**base), progress=False, wm=start)
     (checkpoint,) = (tmp_path / "ckpt").glob("dual-*-step0000002.pt")
     digest = hashlib.sha256(checkpoint.read_bytes()).hexdigest()
     _, c = graph_of(tiny.make_tiny("gpt_neox", tmp_path / "c", seed=9))
@@ -422,14 +431,15 @@ def test_bad_input_is_refused_clearly(neox_pair, tmp_path, capsys):
              ((a, b, data, {"steps": 3}), "steps was 2, now 3"),
              ((a, b, data, {"init": "plain"}), "init was 'absorbed', now 'plain'")]
     for (ga, gb, d, changes), message in cases:
-        settings = LearnSettings(**{**base, **changes, "resume": str(checkpoint)})
+        settings = MergeOptions(**{**base, **changes, "resume": str(checkpoint)})
         with pytest.raises(UserError, match=message):
             learn_transforms(ga, gb, template, d, None, settings, progress=False, wm=start)
     with pytest.raises(UserError, match="belong to other runs"):  # a folder: only this run's checkpoints count
-        learn_transforms(a, b, template, data, None, LearnSettings(**{**base, "steps": 3, "resume": str(checkpoint.parent)}),
+        learn_transforms(a, b, template, data, None,
+                         MergeOptions(**{**base, "steps": 3, "resume": str(checkpoint.parent)}),
                          progress=False, wm=start)
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(UserError, match="not a readable checkpoint"):
-        learn_transforms(a, b, template, data, None, LearnSettings(**{**base, "resume": str(tmp_path / "junk.pt")}),
+        learn_transforms(a, b, template, data, None, MergeOptions(**{**base, "resume": str(tmp_path / "junk.pt")}),
                          progress=False, wm=start)
     assert hashlib.sha256(checkpoint.read_bytes()).hexdigest() == digest  # the checkpoint is untouched

@@ -3,16 +3,17 @@ barrier protocol, the output folder, and bad input."""
 import json
 import math
 
+import checks
+import corpus
 import numpy as np
 import pytest
 import torch
+from checks import data_args, disguise
+from conftest import train_char_models
 
 from hf_rebasin import models, symmetry, tiny
 from hf_rebasin.cli import main
 from hf_rebasin.symmetry import Transform
-
-import corpus
-from conftest import train_char_models
 
 
 @pytest.fixture(scope="module")
@@ -31,51 +32,16 @@ def image_file(tmp_path_factory):
     return path
 
 
-def data_args(kind, text_file, image_file):
-    if kind in tiny.VIT_CONFIGS:
-        return ["--data", str(image_file)]
-    return ["--data", str(text_file), "--seq-len", "32", "--max-eval-tokens", "2048"]
-
-
-def disguise(source_dir, out_dir, seed, permutation_only=False):
-    """Export a random group element of the model (same class) to out_dir."""
-    loaded = models.load(source_dir)
-    graph = models.canonicalise(loaded)
-    t = symmetry.random_transform(graph.spec, seed=seed, scale=1.0)
-    if permutation_only:
-        perm = torch.randperm(graph.spec.d_model, generator=torch.Generator().manual_seed(seed))
-        t = Transform(torch.eye(graph.spec.d_model)[perm], 1.0, t.head_perm, [None] * len(t.head_perm),
-                      [None] * len(t.head_perm), t.ffn_perm, [None] * len(t.head_perm))
-    models.export(symmetry.apply(graph, t), loaded, out_dir)
-    return out_dir
-
-
-@pytest.mark.parametrize("kind", tiny.KINDS)
+@pytest.mark.parametrize("kind", tiny.kinds())
 def test_weight_matching_recovers_a_disguised_copy(kind, tiny_dirs, tmp_path, text_file, image_file):
-    original = tiny_dirs[kind]
-    twin = disguise(original, tmp_path / "twin", seed=13)
-    x = tiny.example_inputs(kind, seed=4)
-    reference = tiny.outputs(models.load(original).model, x)
-    assert (tiny.outputs(models.load(twin).model, x) - reference).abs().max() < 1e-4  # same function ...
-    raw = _barrier(original, twin, "raw", kind, text_file, image_file, tmp_path, "--lambdas", "3")
-    assert abs(raw["loss"][1] - raw["loss"][0]) > 1e-2  # ... different weights: the plain average is another model
-    assert main(["merge", str(original), str(twin), "--method", "wm", "--out", str(tmp_path / "merged"),
-                 *data_args(kind, text_file, image_file)]) == 0
-    report = json.loads((tmp_path / "merged" / "barrier.json").read_text())
-    assert report["barrier"] < 1e-3
-    assert max(abs(loss - report["loss"][0]) for loss in report["loss"]) < 1e-4  # flat path
-    merged = models.load(tmp_path / "merged").model
-    assert (tiny.outputs(merged, x) - reference).abs().max() < 1e-4
+    checks.weight_matching_recovers_a_disguised_copy(kind, tiny_dirs[kind], tmp_path, text_file, image_file)
 
 
 def _barrier(a, b, method, kind, text_file, image_file, tmp_path, *extra):
-    out = tmp_path / f"{method}.json"
-    assert main(["barrier", str(a), str(b), "--method", method, "--json", str(out),
-                 *data_args(kind, text_file, image_file), *extra]) == 0
-    return json.loads(out.read_text())
+    return checks.barrier_report(a, b, method, kind, text_file, image_file, tmp_path, *extra)
 
 
-@pytest.mark.parametrize("kind", tiny.KINDS)
+@pytest.mark.parametrize("kind", tiny.kinds())
 def test_rotation_objective_is_the_distance_weight_matching_reports(kind, tiny_dirs, tmp_path):
     """The residual Procrustes maximises tr(G^T M); that must be exactly the overlap term of the
     distance the rounds are judged by, or the rounds drift and "best round" picks the wrong one."""
@@ -121,11 +87,11 @@ def test_merge_output_and_protocol(tiny_dirs, tmp_path, text_file):
     assert report["data"]["tokens"] == 2048 and report["data"]["seq_len"] == 32
     assert report["perplexity"] == pytest.approx([math.exp(v) for v in report["loss"]])
     ends = report["endpoint_loss"]
-    excess = [l - ((1 - lam) * ends[0] + lam * ends[1]) for lam, l in zip(report["lambdas"], report["loss"])]
+    excess = [loss - ((1 - lam) * ends[0] + lam * ends[1]) for lam, loss in zip(report["lambdas"], report["loss"])]
     assert report["barrier"] == pytest.approx(max(excess))
     assert report["command"].startswith("hf-rebasin merge ")
     # the merged model measured independently, with the same protocol (α = 0.3 is on the grid)
-    from hf_rebasin.barrier import EvalData, evaluate
+    from hf_rebasin.evaluation import EvalData, evaluate
     from hf_rebasin.data import load_token_windows
     windows, _ = load_token_windows(str(text_file), AutoTokenizer.from_pretrained(out), 32, 2048)
     loss = evaluate(models.load(out).model, EvalData("causal-lm", windows))["loss"]
@@ -146,9 +112,10 @@ def test_alpha_off_grid_is_evaluated(tiny_dirs, tmp_path, text_file):
     assert main(["merge", str(tiny_dirs["gpt2"]), str(b), "--out", str(tmp_path / "m"), "--alpha", "0.25",
                  "--data", str(text_file), "--seq-len", "32", "--max-eval-tokens", "1024"]) == 0
     report = json.loads((tmp_path / "m" / "barrier.json").read_text())
-    from hf_rebasin.barrier import EvalData, evaluate
-    from hf_rebasin.data import load_token_windows
     from transformers import AutoTokenizer
+
+    from hf_rebasin.evaluation import EvalData, evaluate
+    from hf_rebasin.data import load_token_windows
     windows, _ = load_token_windows(str(text_file), AutoTokenizer.from_pretrained(tmp_path / "m"), 32, 1024)
     assert abs(evaluate(models.load(tmp_path / "m").model, EvalData("causal-lm", windows))["loss"]
                - report["merged_loss"]) < 1e-3
@@ -168,7 +135,7 @@ def test_bad_inputs(tiny_dirs, tmp_path, text_file, capsys):
     code, err = run_cli(["merge", neox, gpt2, "--out", out, *common], capsys)
     assert code == 2 and "different architectures" in err
     import transformers
-    wide = transformers.GPTNeoXConfig(**{**tiny.LM_CONFIGS["gpt_neox"][1], "intermediate_size": 80})
+    wide = transformers.GPTNeoXConfig(**{**tiny.adapter_of("gpt_neox").tiny["gpt_neox"], "intermediate_size": 80})
     transformers.GPTNeoXForCausalLM(wide).save_pretrained(tmp_path / "wide")
     code, err = run_cli(["merge", neox, str(tmp_path / "wide"), "--out", out, *common], capsys)
     assert code == 2 and "ffn_dim: 64 vs 80" in err
@@ -218,16 +185,24 @@ def test_existing_out_needs_force(tiny_dirs, tmp_path, text_file, capsys):
     code, err = run_cli(["merge", neox, neox, "--out", str(out), *common], capsys)
     assert code == 2 and "already exists" in err and "--force" in err
     assert (out / "keep.txt").read_text() == "mine"
-    assert main(["merge", neox, neox, "--out", str(out), "--force", *common]) == 0
-    assert not (out / "keep.txt").exists() and (out / "barrier.json").exists()
+    # --force replaces only an earlier hf-rebasin output, never a folder of anything else
+    code, err = run_cli(["merge", neox, neox, "--out", str(out), "--force", *common], capsys)
+    assert code == 2 and "is not an hf-rebasin output" in err
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()  # an empty folder may be used
+    assert main(["merge", neox, neox, "--out", str(out), *common]) == 0
+    first = (out / "barrier.json").read_text()
+    assert main(["merge", neox, neox, "--out", str(out), "--force", "--method", "raw", *common]) == 0
+    assert (out / "barrier.json").read_text() != first and '"method": "raw"' in (out / "barrier.json").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging folder left beside it
 
 
 def test_interrupt_leaves_nothing_half_written(tiny_dirs, tmp_path, text_file, monkeypatch):
-    from hf_rebasin import merge as merge_module
+    from hf_rebasin import pipeline
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(merge_module, "plot_path", interrupted)  # after the model files are written
+    monkeypatch.setattr(pipeline, "plot_path", interrupted)  # after the model files are written
     neox = str(tiny_dirs["gpt_neox"])
     code = main(["merge", neox, neox, "--out", str(tmp_path / "out"), "--data", str(text_file),
                  "--seq-len", "32", "--max-eval-tokens", "1024"])

@@ -62,8 +62,15 @@ def test_an_old_dependency_is_named_at_import_time():
     assert isinstance(error.value, ImportError)
 
 
-def test_a_broken_command_module_fails_loudly(monkeypatch):
-    from hf_rebasin import cli
-    monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES, "hf_rebasin.no_such_command"))
-    with pytest.raises(ModuleNotFoundError, match="no_such_command"):
+def test_a_broken_module_fails_loudly(monkeypatch):
+    """No `try: import ... except ImportError` around the project's own modules: a module that cannot be
+    imported is an error, never a command or a card silently missing."""
+    import sys
+
+    from hf_rebasin import cli, evals
+    monkeypatch.setitem(sys.modules, "hf_rebasin.recipes", None)  # importing it now raises ImportError
+    with pytest.raises(ImportError, match="hf_rebasin.recipes"):
         cli.build_parser()
+    monkeypatch.setitem(sys.modules, "hf_rebasin.cards", None)
+    with pytest.raises(ImportError, match="hf_rebasin.cards"):
+        evals.refresh_card(assets.asset(), "x")

@@ -3,22 +3,23 @@ names the problem, and a recipe runs merge -> eval -> push end to end on tiny lo
 lm-eval task, push to the fake Hub of tests/hub_server.py), with a resume hint when a step fails."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import textwrap
 from pathlib import Path
 
+import corpus
 import pytest
 import yaml
+from conftest import REPO
+from hub_server import FakeHub, use_fake_hub
 
 from hf_rebasin import recipes, tiny
 from hf_rebasin.assets import asset, example_pair
 from hf_rebasin.cli import build_parser, main
 from hf_rebasin.match import METHODS
-
-import corpus
-from conftest import REPO
-from hub_server import FakeHub, use_fake_hub
+from hf_rebasin.options import EvalOptions, MergeOptions, PushOptions, from_namespace, option_table
 
 TABLE_5_PAIRS = {  # Li & Shen Table 5 (ViT-L left out: timm has no augreg_in1k twin) + the from-scratch pairs
     **{f"pythia-{s}": (f"EleutherAI/pythia-{s}", f"EleutherAI/pythia-{s}-deduped")
@@ -141,7 +142,19 @@ BAD = {
     "bad type": ("models: [a, b]\nmerge: {alpha: half, lambdas: 2.5}\n",
                  ["`merge.alpha` must be a number, got 'half' (str)", "`merge.lambdas` must be an integer, got 2.5"]),
     "bad flag": ("models: [a, b]\neval: {endpoints: maybe}\n", ["`eval.endpoints` must be true or false"]),
-    "bad choice": ("models: [a, b]\neval: {device: tpu}\n", ["`eval.device` must be one of cpu, cuda, got 'tpu'"]),
+    "bad choice": ("models: [a, b]\nmerge: {orth: qr}\n", ["`merge.orth` must be one of cayley, expm, got 'qr'"]),
+    "bad device": ("models: [a, b]\neval: {device: tpu}\n",
+                   ["`eval.device` 'tpu' is not a device hf-rebasin runs on: use auto, cpu, cuda or cuda:N"]),
+    "out of range": ("models: [a, b]\nmerge: {lambdas: 1, lr: 0}\neval: {limit: 0}\n",
+                     ["has 3 problems", "`merge.lambdas` must be in [2, 1001], got 1",
+                      "`merge.lr` must be in (0.0, 1.0], got 0.0", "`eval.limit` must be at least 1, got 0"]),
+    "options that do not go together": (
+        "models: [a, b, c]\nmerge: {alpha: 0.3, warmup: 50, steps: 10}\neval: {batch_size: lots}\n",
+        ["has 2 problems", "`merge.alpha` is for two models; 3 models are merged at their centroid",
+         "`merge.warmup` must be in [0, `merge.steps`), got 50 with `merge.steps` 10",
+         "`eval.batch_size` 'lots' must be a positive integer or 'auto'"]),
+    "a method that cannot merge three": ("models: [a, b, c]\nmethod: am\n",
+                                         ["`method` am is not available for 3 models; use one of"]),
     "unknown option": ("models: [a, b]\nmerge: {max_eval_token: 10}\n",
                        ["unknown field in `merge`: 'max_eval_token' (did you mean 'max_eval_tokens'?)"]),
     "option of the wrong block": ("models: [a, b]\nmerge: {out: x, private: true}\n",
@@ -192,6 +205,40 @@ def test_set_overrides_and_is_checked(tmp_path, pair, capsys):
     assert code == 2 and "`merge.rounds` must be an integer, got 'many'" in err
     code, _, err = run([path, "--set", "merge"], capsys)
     assert code == 2 and "--set expects KEY=VALUE" in err
+
+
+def test_every_option_is_a_recipe_key_that_reaches_its_command(tmp_path, pair):
+    """The blocks take exactly the fields of the typed options (options.py): each one, set in its block, is
+    accepted and comes out of commands() as the flag the real command line parses back to the same value."""
+    blocks, expected = {}, {}
+    for step, cls in recipes.OPTIONS.items():
+        keys = set(option_table(cls)) - set(recipes.NOT_IN_BLOCK.get(step, {}))
+        assert set(recipes.block_keys(step)) == keys
+        blocks[step] = {}
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            if f.name in keys and default is not None:  # a true/false option is set (to its flag)
+                blocks[step][f.name] = True if isinstance(default, bool) else default
+        expected[step] = cls(**blocks[step])
+    blocks["push"]["repo_id"] = "someuser/x"
+    path = write_recipe(tmp_path, yaml.safe_dump({"models": [str(pair / "model-a"), str(pair / "model-b")],
+                                                  "data": str(pair / "heldout.txt"), "out": "merged", **blocks}))
+    steps, parser = recipes.commands(recipes.load_recipe(path)), build_parser()
+    assert "--learn-perms" in steps["merge"] and "--endpoints" in steps["eval"] and "--exist-ok" in steps["push"]
+    merge = from_namespace(MergeOptions, parser.parse_args(steps["merge"]))
+    assert merge.checkpoint_dir == str(tmp_path / "runs" / "learned")  # an output folder: from the recipe's folder
+    assert merge == dataclasses.replace(expected["merge"], checkpoint_dir=merge.checkpoint_dir,
+                                        data=str(pair / "heldout.txt"))
+    assert from_namespace(EvalOptions, parser.parse_args(steps["eval"])) == expected["eval"]
+    assert from_namespace(PushOptions, parser.parse_args(steps["push"])) == expected["push"]
+
+
+def test_recipes_module_is_library_code():
+    """Reading and checking recipes needs no argparse and never exits: the command line is cli/recipe_command.py."""
+    source = Path(recipes.__file__).read_text()
+    assert "argparse" not in source and "SystemExit" not in source and "sys.exit" not in source
+    with pytest.raises(recipes.UserError, match="`merge.lambdas` must be in"):
+        recipes.load_recipe("example-stdlib", ["merge.lambdas=1"])
 
 
 # --- running ---------------------------------------------------------------------------------------------
@@ -309,14 +356,16 @@ def test_recipe_runs_merge_eval_push_and_resumes_after_a_failed_step(tmp_path, p
     assert code == 0, err
     assert "== step 1/1: push: hf-rebasin push" in stdout and stdout.count("== step") == 1
     remote = hub.files("someuser/tiny-merge")
-    assert remote["barrier.json"] == (out / "barrier.json").read_bytes()
+    from hf_rebasin.hub import publishable_report
+    assert remote["barrier.json"] == publishable_report(out).encode()  # local paths by their names
     assert {"eval.json", "recipe.yaml", "model.safetensors", "README.md"} <= set(remote)
     assert f"published barrier (a made-up paper): wm 9.5; this run (wm): {barrier['barrier']:.2f}" in stdout
 
 
 def test_failed_merge_leaves_nothing_and_says_so(tmp_path, pair, capsys):
     path = tiny_recipe(tmp_path, pair)
-    code, _, err = run([path, "--set", "merge.seq_len=4096"], capsys)  # longer than the models' context
+    code, _, err = run([path, "--set", "merge.seq_len=4096", "--set", "merge.max_eval_tokens=8192"],
+                       capsys)  # a window longer than the models' context
     assert code == 2
     assert "--seq-len 4096 is longer than the model's context" in err
     assert f"step merge failed (see the error above); nothing was written to {tmp_path / 'merged'}" in err

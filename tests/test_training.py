@@ -13,13 +13,22 @@ import torch
 from hf_rebasin import tiny
 from hf_rebasin.assets import example_pair as example_pair_folder
 from hf_rebasin.data import read_texts, token_windows
-from hf_rebasin.training import (causal_lm_loss, classifier_metrics, lr_factor, save_lm, save_vit, train_causal_lm,
-                                 train_vit, write_atomically)
+from hf_rebasin.training import (
+    causal_lm_loss,
+    classifier_metrics,
+    lr_factor,
+    save_lm,
+    save_vit,
+    train_causal_lm,
+    train_vit,
+    write_atomically,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = example_pair_folder()
 # Measured on the bundled pair (hf_rebasin/assets/example-pair/README.md), 128-token windows of heldout.txt:
-# model-a 3.715, model-b 3.718 nats/token, ln(1024) = 6.931; the plain average of their weights 5.034. Thresholds keep a margin.
+# model-a 3.715, model-b 3.718 nats/token, ln(1024) = 6.931; the plain average of their weights 5.034.
+# Thresholds keep a margin.
 EXAMPLE_LOSS_CEILING = 0.6 * math.log(1024)  # 4.16
 EXAMPLE_MIN_RAW_GAP = 0.6  # raw average minus the worse endpoint: measured 1.32
 

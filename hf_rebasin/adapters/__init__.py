@@ -1,16 +1,22 @@
-"""The adapter registry: one module per architecture, one line here per adapter."""
+"""The adapter registry.  Every module in this folder is imported here, and its adapter classes register
+themselves with ``@register``: adding an architecture is adding one file."""
 from __future__ import annotations
 
-from .base import Adapter, UnsupportedModelError
-from . import gpt2, gpt_neox, llama, olmo, vit
+import importlib
+import pkgutil
 
-REGISTRY: dict[str, Adapter] = {a.architecture: a for a in (
-    gpt_neox.ADAPTER,
-    llama.ADAPTER,
-    olmo.ADAPTER,
-    gpt2.ADAPTER,
-    vit.ADAPTER,
-)}
+from ..errors import UnsupportedModelError
+from .base import REGISTRY, Adapter, StateReader, register
+
+
+def discover() -> None:
+    """Import every module of this package (each registers its adapters); modules already imported are kept."""
+    for module in pkgutil.iter_modules(__path__):
+        if module.name != "base":
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+discover()
 
 # Classes users will try, with the reason no exact alignment exists for them.
 UNSUPPORTED: dict[str, str] = {
@@ -32,4 +38,10 @@ def get_adapter(architecture: str) -> Adapter:
         f"{architecture} is not supported" + (f": {why}." if why else ".") + f" Supported classes: {supported}.")
 
 
-__all__ = ["Adapter", "REGISTRY", "UNSUPPORTED", "UnsupportedModelError", "get_adapter"]
+def tiny_variants() -> dict[str, Adapter]:
+    """Every tiny test variant of every registered adapter: {variant name: adapter}."""
+    return {variant: adapter for adapter in REGISTRY.values() for variant in adapter.tiny}
+
+
+__all__ = ["Adapter", "REGISTRY", "StateReader", "UNSUPPORTED", "UnsupportedModelError", "discover", "get_adapter",
+           "register", "tiny_variants"]

@@ -2,18 +2,20 @@
 conv, class/register tokens, learned position embedding, pre-norm blocks with optional
 LayerScale, final ``norm`` (token pooling) or ``fc_norm`` (average pooling), linear ``head``.
 
-For timm the "config" these functions take is the built model itself (its modules say
-what the variant is); the LayerNorm eps is fixed in the model code, so g stays 1."""
+For timm the "config" these functions take is the built model itself (its modules say what the
+variant is; a model on the meta device will do); the LayerNorm eps is fixed in the model code, so
+the residual scale g stays 1."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..canonical import Graph, Spec, centre, fold_norm, layer_key
-from .base import Adapter, StateReader, UnsupportedModelError, linear_in
+from ..canonical import Spec, centre, fold_norm, layer_key
+from ..errors import UnsupportedModelError
+from .base import Adapter, filled, linear_in, register
 
 
-def _check_variant(model) -> None:
+def check_variant(model) -> None:
     problems = []
     if type(model).__name__ != "VisionTransformer":
         problems.append(f"class {type(model).__name__}")
@@ -44,93 +46,106 @@ def _check_variant(model) -> None:
         raise UnsupportedModelError("timm VisionTransformer variant not supported: " + "; ".join(problems))
 
 
-def spec(model) -> Spec:
-    _check_variant(model)
-    attn, d = model.blocks[0].attn, model.embed_dim
-    embeddings = ["patch", "patch_bias"] + [n for n in ("cls", "reg") if getattr(model, f"{n}_token") is not None]
-    if model.pos_embed is not None:
-        embeddings.append("pos")
-    return Spec(
-        architecture="VisionTransformer", d_model=d, n_layers=len(model.blocks), n_heads=attn.num_heads,
-        n_kv_heads=attn.num_heads, head_dim=attn.head_dim, ffn_dim=model.blocks[0].mlp.fc1.out_features,
-        n_out=model.num_classes, glu=False, rotary_dims=0, centred=True, scale_exact=False,
-        embeddings=tuple(embeddings), token_embedding=None,
-        notes=("norm gains/biases and LayerScale absorbed into the linear layers next to them; LayerNorms "
-               "exported with weight 1 and bias 0, LayerScale with gamma 1",))
-
-
-def _final_norm(model) -> str:
+def final_norm(model) -> str:
     return "fc_norm" if isinstance(model.fc_norm, nn.LayerNorm) else "norm"
 
 
-def to_canonical(state_dict, model) -> Graph:
-    s, r = spec(model), StateReader(state_dict, "VisionTransformer")
-    d, p = s.d_model, {}
-    p["embed.patch"] = centre(r("patch_embed.proj.weight").permute(1, 2, 3, 0))  # (C, p, p, d)
-    patch_bias = r.get("patch_embed.proj.bias")
-    p["embed.patch_bias"] = centre(patch_bias if patch_bias is not None else torch.zeros(d))
-    for name, key in (("cls", "cls_token"), ("reg", "reg_token"), ("pos", "pos_embed")):
-        if name in s.embeddings:
-            p[f"embed.{name}"] = centre(r(key))
-    for i in range(s.n_layers):
-        pre = f"blocks.{i}."
-        w, b = linear_in(r, pre + "attn.qkv")
+TOKENS = (("cls", "cls_token"), ("reg", "reg_token"), ("pos", "pos_embed"))
+
+
+@register
+class VisionTransformer(Adapter):
+    architecture = "VisionTransformer"
+    backend = "timm"
+    modules = {"block": "blocks.{i}", "attn_out": "blocks.{i}.attn.proj", "ffn_hidden": "blocks.{i}.mlp.fc2"}
+    tiny = {
+        "vit": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=10,
+                    init_values=0.5),
+        "vit_avgpool": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
+                            num_classes=10, class_token=False, global_pool="avg", reg_tokens=1),
+    }
+    timm_name = "vit_tiny_patch16_224"  # the registered timm model the tiny variants are built from
+
+    def spec(self, model) -> Spec:
+        check_variant(model)
+        attn, d = model.blocks[0].attn, model.embed_dim
+        embeddings = ["patch", "patch_bias"] + [n for n in ("cls", "reg") if getattr(model, f"{n}_token") is not None]
+        if model.pos_embed is not None:
+            embeddings.append("pos")
+        return Spec(
+            architecture=self.architecture, d_model=d, n_layers=len(model.blocks), n_heads=attn.num_heads,
+            n_kv_heads=attn.num_heads, head_dim=attn.head_dim, ffn_dim=model.blocks[0].mlp.fc1.out_features,
+            n_out=model.num_classes, glu=False, rotary_dims=0, centred=True, scale_exact=False,
+            embeddings=tuple(embeddings), token_embedding=None,
+            notes=("norm gains/biases and LayerScale absorbed into the linear layers next to them; LayerNorms "
+                   "exported with weight 1 and bias 0, LayerScale with gamma 1",))
+
+    def norm_eps(self, model) -> float:
+        return float(model.blocks[0].norm1.eps)
+
+    def tiny_config(self, variant: str):
+        return dict(self.tiny[variant])
+
+    def outside_to_canonical(self, read, model, spec):
+        d, p = spec.d_model, {}
+        p["embed.patch"] = centre(read("patch_embed.proj.weight").permute(1, 2, 3, 0))  # (C, p, p, d)
+        patch_bias = read.get("patch_embed.proj.bias")
+        p["embed.patch_bias"] = centre(patch_bias if patch_bias is not None else torch.zeros(d))
+        for name, key in TOKENS:
+            if name in spec.embeddings:
+                p[f"embed.{name}"] = centre(read(key))
+        norm = final_norm(model)
+        w, b = linear_in(read, "head")
+        p["head.weight"], p["head.bias"] = fold_norm(read(norm + ".weight"), read(norm + ".bias"), w, b)
+        return p
+
+    def layer_to_canonical(self, read, model, spec, i):
+        d, pre, p = spec.d_model, f"blocks.{i}.", {}
+        w, b = linear_in(read, pre + "attn.qkv")
         b = b if b is not None else torch.zeros(3 * d)
-        w, b = fold_norm(r(pre + "norm1.weight"), r(pre + "norm1.bias"), w, b)
+        w, b = fold_norm(read(pre + "norm1.weight"), read(pre + "norm1.bias"), w, b)
         for j, name in enumerate("qkv"):
             p[layer_key(i, f"attn.{name}")] = w[:, j * d:(j + 1) * d]
             p[layer_key(i, f"attn.{name}_bias")] = b[j * d:(j + 1) * d]
         for name, module, ls in (("attn.o", "attn.proj", "ls1"), ("mlp.down", "mlp.fc2", "ls2")):
-            w, b = linear_in(r, pre + module)
+            w, b = linear_in(read, pre + module)
             b = b if b is not None else torch.zeros(d)
-            gamma = r.get(pre + ls + ".gamma")
+            gamma = read.get(pre + ls + ".gamma")
             if gamma is not None:
                 w, b = w * gamma, b * gamma
             p[layer_key(i, name)], p[layer_key(i, name + "_bias")] = centre(w), centre(b)
-        w, b = linear_in(r, pre + "mlp.fc1")
-        w, b = fold_norm(r(pre + "norm2.weight"), r(pre + "norm2.bias"), w, b if b is not None else None)
-        p[layer_key(i, "mlp.up")], p[layer_key(i, "mlp.up_bias")] = w, (b if b is not None else torch.zeros(s.ffn_dim))
-    norm = _final_norm(model)
-    w, b = linear_in(r, "head")
-    p["head.weight"], p["head.bias"] = fold_norm(r(norm + ".weight"), r(norm + ".bias"), w, b)
-    r.finish()
-    return Graph(s, p, float(model.blocks[0].norm1.eps), meta={"final_norm": norm})
+        w, b = linear_in(read, pre + "mlp.fc1")
+        w, b = fold_norm(read(pre + "norm2.weight"), read(pre + "norm2.bias"), w, b)
+        p[layer_key(i, "mlp.up")] = w
+        p[layer_key(i, "mlp.up_bias")] = b if b is not None else torch.zeros(spec.ffn_dim)
+        return p
 
+    def outside_from_canonical(self, p, model, spec):
+        ones, zeros = filled(p["head.weight"], spec.d_model, 1.0), filled(p["head.weight"], spec.d_model, 0.0)
+        sd = {"patch_embed.proj.weight": p["embed.patch"].permute(3, 0, 1, 2)}
+        if model.patch_embed.proj.bias is not None:
+            sd["patch_embed.proj.bias"] = p["embed.patch_bias"]
+        for name, key in TOKENS:
+            if name in spec.embeddings:
+                sd[key] = p[f"embed.{name}"]
+        norm = final_norm(model)
+        sd[norm + ".weight"], sd[norm + ".bias"] = ones, zeros
+        sd["head.weight"], sd["head.bias"] = p["head.weight"].T, p["head.bias"]
+        return sd
 
-def from_canonical(graph: Graph, model):
-    s, p = graph.spec, graph.params
-    ones, zeros = torch.ones(s.d_model), torch.zeros(s.d_model)
-    sd = {"patch_embed.proj.weight": p["embed.patch"].permute(3, 0, 1, 2)}
-    own = model.state_dict()
-    if "patch_embed.proj.bias" in own:
-        sd["patch_embed.proj.bias"] = p["embed.patch_bias"]
-    for name, key in (("cls", "cls_token"), ("reg", "reg_token"), ("pos", "pos_embed")):
-        if name in s.embeddings:
-            sd[key] = p[f"embed.{name}"]
-    for i in range(s.n_layers):
+    def layer_from_canonical(self, p, model, spec, i):
         pre = f"blocks.{i}."
         lk = lambda name: p[layer_key(i, name)]  # noqa: E731
-        sd[pre + "attn.qkv.weight"] = torch.cat([lk(f"attn.{n}") for n in "qkv"], dim=1).T
-        sd[pre + "attn.qkv.bias"] = torch.cat([lk(f"attn.{n}_bias") for n in "qkv"])
-        sd[pre + "attn.proj.weight"], sd[pre + "attn.proj.bias"] = lk("attn.o").T, lk("attn.o_bias")
-        sd[pre + "mlp.fc1.weight"], sd[pre + "mlp.fc1.bias"] = lk("mlp.up").T, lk("mlp.up_bias")
-        sd[pre + "mlp.fc2.weight"], sd[pre + "mlp.fc2.bias"] = lk("mlp.down").T, lk("mlp.down_bias")
+        ones, zeros = filled(lk("attn.o"), spec.d_model, 1.0), filled(lk("attn.o"), spec.d_model, 0.0)
+        sd = {pre + "attn.qkv.weight": torch.cat([lk(f"attn.{n}") for n in "qkv"], dim=1).T,
+              pre + "attn.qkv.bias": torch.cat([lk(f"attn.{n}_bias") for n in "qkv"]),
+              pre + "attn.proj.weight": lk("attn.o").T, pre + "attn.proj.bias": lk("attn.o_bias"),
+              pre + "mlp.fc1.weight": lk("mlp.up").T, pre + "mlp.fc1.bias": lk("mlp.up_bias"),
+              pre + "mlp.fc2.weight": lk("mlp.down").T, pre + "mlp.fc2.bias": lk("mlp.down_bias")}
         for norm in ("norm1", "norm2"):
             sd[pre + norm + ".weight"], sd[pre + norm + ".bias"] = ones, zeros
+        block = model.blocks[i]
         for ls in ("ls1", "ls2"):
-            if pre + ls + ".gamma" in own:
+            if hasattr(getattr(block, ls), "gamma"):
                 sd[pre + ls + ".gamma"] = ones
-    norm = graph.meta.get("final_norm", _final_norm(model))
-    sd[norm + ".weight"], sd[norm + ".bias"] = ones, zeros
-    sd["head.weight"], sd["head.bias"] = p["head.weight"].T, p["head.bias"]
-    missing = sorted(set(own) - set(sd))
-    if missing:
-        raise UnsupportedModelError(f"VisionTransformer export: no canonical value for {missing}")
-    return sd, {}
-
-
-MODULES = {"block": "blocks.{i}",
-           "attn_out": "blocks.{i}.attn.proj",
-           "ffn_hidden": "blocks.{i}.mlp.fc2"}
-
-ADAPTER = Adapter("VisionTransformer", "timm", spec, to_canonical, from_canonical, modules=MODULES)
+        return sd

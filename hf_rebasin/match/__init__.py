@@ -1,63 +1,111 @@
-"""Matching methods: a registry from the --method name to a function (graph_a, graph_b, **opts) -> MatchResult."""
+"""Matching methods, in one registry: each has one spec (name, function, description, whether it needs
+data, whether it is learned, whether it merges more than two models).  A method takes the canonical
+graphs of the N models and a MatchContext and returns an Alignment: one group element per model."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any
 
 from ..canonical import Graph
 from ..symmetry import Transform
 
 
 @dataclass
-class MatchResult:
-    transform_a: Transform
-    transform_b: Transform
+class Alignment:
+    """One transform per model (applied to that model's canonical graph), what the method logged and settled."""
+
+    transforms: list[Transform]
     log: list[dict] = field(default_factory=list)
     settings: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def transform_a(self) -> Transform:
+        return self.transforms[0]
+
+    @property
+    def transform_b(self) -> Transform:
+        return self.transforms[1]
 
 
-def raw(a: Graph, b: Graph, **_) -> MatchResult:
-    """No alignment: the plain average of the two checkpoints."""
-    return MatchResult(Transform.identity(a.spec), Transform.identity(b.spec))
+@dataclass
+class MatchContext:
+    """What a method may use besides the graphs (data-free methods ignore the data)."""
+
+    options: Any  # options.MergeOptions
+    template: Any = None  # models.Loaded of the first model (builds models for activations and the task loss)
+    match_data: Any = None  # barrier.EvalData for activation matching
+    train_data: Any = None  # barrier.EvalData for learned matching
+    eval_data: Any = None  # the held-out data (learned matching's progress estimate)
+    progress: bool = True
 
 
-def wm(a: Graph, b: Graph, progress: bool = True, **opts) -> MatchResult:
+@dataclass(frozen=True)
+class Method:
+    name: str
+    run: Callable[[list[Graph], MatchContext], Alignment]
+    description: str
+    needs_data: bool = False  # activation or training data (beyond the evaluation data)
+    learned: bool = False  # trains symmetry parameters (accelerate, checkpoints, --steps ...)
+    n_way: bool = False  # works for more than two models
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(method: Method) -> Method:
+    METHODS[method.name] = method
+    return method
+
+
+def raw(graphs: list[Graph], context: MatchContext) -> Alignment:
+    """No alignment: the plain average of the checkpoints."""
+    return Alignment([Transform.identity(g.spec) for g in graphs])
+
+
+def wm(graphs: list[Graph], context: MatchContext) -> Alignment:
+    from .multi import align_many
     from .weight import weight_matching
-    return weight_matching(a, b, progress=progress, **opts)
+    if len(graphs) == 2:
+        return weight_matching(*graphs, max_rounds=context.options.rounds, progress=context.progress)
+    return align_many(graphs, max_rounds=context.options.rounds, progress=context.progress)
 
 
-def wm_perm(a: Graph, b: Graph, progress: bool = True, **opts) -> MatchResult:
+def wm_perm(graphs: list[Graph], context: MatchContext) -> Alignment:
     from .weight import weight_matching
-    return weight_matching(a, b, residual="permutation", head_maps=False, progress=progress, **opts)
+    return weight_matching(*graphs, residual="permutation", head_maps=False, max_rounds=context.options.rounds,
+                           progress=context.progress)
 
 
-def am(a: Graph, b: Graph, progress: bool = True, **opts) -> MatchResult:
+def am(graphs: list[Graph], context: MatchContext) -> Alignment:
     from .activation import activation_matching
-    return activation_matching(a, b, progress=progress, **opts)
+    return activation_matching(*graphs, data=context.match_data, template=context.template,
+                               batches=context.options.am_batches, batch_size=context.options.batch_size,
+                               progress=context.progress)
 
 
-def lm(a: Graph, b: Graph, **opts) -> MatchResult:
-    from .learned import lm as learned_lm
-    return learned_lm(a, b, **opts)
+def learned(graphs: list[Graph], context: MatchContext) -> Alignment:
+    from .learned import learn
+    start = wm(graphs, context)
+    return learn(graphs, start, context.template, context.train_data, context.eval_data, context.options,
+                 progress=context.progress)
 
 
-def dual(a: Graph, b: Graph, **opts) -> MatchResult:
-    from .learned import dual as learned_dual
-    return learned_dual(a, b, **opts)
+for _method in (
+    Method("raw", raw, "no alignment (plain weight average)", n_way=True),
+    Method("wm", wm, "data-free weight matching over the full group: residual rotation, head permutations, per-head "
+                     "QK/OV maps, FFN permutations, GLU scales", n_way=True),
+    Method("wm-perm", wm_perm, "permutations only, residual stream treated as a permutation (Git Re-Basin ablation)"),
+    Method("am", am, "activation matching: assignments from activation correlations on a few batches",
+           needs_data=True),
+    Method("lm", learned, "learned matching (Theus et al.): the continuous symmetries of B (of every model but the "
+                          "first, for N models) trained on the path loss, started from weight matching",
+           needs_data=True, learned=True, n_way=True),
+    Method("dual", learned, "dual learned matching (LMC-DM, Li & Shen): every model's symmetries trained on the path "
+                            "loss, started from weight matching (absorbed init)",
+           needs_data=True, learned=True, n_way=True),
+):
+    register_method(_method)
 
-
-METHODS: dict[str, Callable[..., MatchResult]] = {"raw": raw, "wm": wm, "wm-perm": wm_perm, "am": am,
-                                                  "lm": lm, "dual": dual}
-NEEDS_DATA = {"am", "lm", "dual"}  # methods that get data=EvalData, template=Loaded (model A), batches, batch_size
-LEARNED: set[str] = {"lm", "dual"}  # methods that also get cli_args (the argparse namespace) and eval_data
-DESCRIPTIONS = {
-    "raw": "no alignment (plain weight average)",
-    "wm": "data-free weight matching over the full group: residual rotation, head permutations, "
-          "per-head QK/OV maps, FFN permutations, GLU scales",
-    "wm-perm": "permutations only, residual stream treated as a permutation (Git Re-Basin ablation)",
-    "am": "activation matching: assignments from activation correlations on a few batches",
-    "lm": "learned matching (Theus et al.): B's continuous symmetries trained on the path loss, "
-          "started from weight matching",
-    "dual": "dual learned matching (LMC-DM, Li & Shen): both endpoints' symmetries trained on the path loss, "
-            "started from weight matching (absorbed init)",
-}
+__all__ = ["Alignment", "METHODS", "MatchContext", "Method", "register_method"]

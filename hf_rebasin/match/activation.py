@@ -81,9 +81,9 @@ class _Stats:
 
 
 def activation_matching(a: Graph, b: Graph, *, data, template, batches: int = 4, batch_size: int = 8,
-                        progress: bool = True) -> "MatchResult":
+                        progress: bool = True):
     from ..models import instantiate
-    from . import MatchResult
+    from . import Alignment
     spec = a.spec
     model_a, model_b = instantiate(a, template), instantiate(b, template)
     n_batches = min(batches, max(1, len(data.inputs) // batch_size))
@@ -126,4 +126,4 @@ def activation_matching(a: Graph, b: Graph, *, data, template, batches: int = 4,
     for i in range(spec.n_layers):
         t.head_perm[i] = match_heads(scores[i], spec)
     settings = {"batches": n_batches, "batch_size": batch_size, "residual": "permutation"}
-    return MatchResult(Transform.identity(spec), t, [], settings)
+    return Alignment([Transform.identity(spec), t], [], settings)

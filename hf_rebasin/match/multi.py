@@ -8,7 +8,7 @@ from __future__ import annotations
 from tqdm.auto import tqdm
 
 from ..canonical import Graph, interpolate
-from ..symmetry import Transform, apply
+from ..symmetry import apply
 from .weight import balance_transform, weight_matching
 
 
@@ -16,8 +16,9 @@ def average(graphs: list[Graph]) -> Graph:
     return interpolate(graphs, [1.0 / len(graphs)] * len(graphs))
 
 
-def align_many(graphs: list[Graph], *, max_rounds: int = 10, refine: bool = True,
-               progress: bool = True) -> tuple[list[Transform], list[dict]]:
+def align_many(graphs: list[Graph], *, max_rounds: int = 10, refine: bool = True, progress: bool = True):
+    """An Alignment of every model to one common frame."""
+    from . import Alignment
     transforms = [balance_transform(graphs[0])]
     aligned = [apply(graphs[0], transforms[0])]
     log = []
@@ -38,4 +39,4 @@ def align_many(graphs: list[Graph], *, max_rounds: int = 10, refine: bool = True
             log.append({"model": k, "pass": 1, "distance": result.log[-1]["distance"]})
             bar.update(1)
     bar.close()
-    return transforms, log
+    return Alignment(transforms, log, {"max_rounds": max_rounds, "refine": refine})

@@ -31,43 +31,6 @@ ORTH_KINDS = ("cayley", "expm")
 INV_KINDS = ("polar", "expm", "direct")
 
 
-# --- the group product -------------------------------------------------------------------------
-
-def _product(x: Tensor | None, y: Tensor | None) -> Tensor | None:
-    if x is None:
-        return y
-    if y is None:
-        return x
-    return (x.double() @ y.double()).to(y.dtype)
-
-
-def compose(t1: Transform, t2: Transform, spec: Spec) -> Transform:
-    """The element t with apply(g, t) == apply(apply(g, t1), t2) (t1 first, then t2).
-
-    Heads: new head j of the product is old head p1[p2[j]]; it carries t1's map of the group it
-    came from, then t2's map of the group it lands in.  FFN units likewise; GLU scales multiply
-    through t2's permutation.  Rotations and scales multiply: writes see W G1 G2 g1 g2."""
-    out = Transform.identity(spec)
-    out.rotation = _product(t1.rotation, t2.rotation)
-    out.scale = float(t1.scale) * float(t2.scale)
-    for i in range(spec.n_layers):
-        p1, p2 = t1.per_layer("head_perm", i), t2.per_layer("head_perm", i)
-        kv2 = None if p2 is None else kv_perm_of(p2, spec.group_size)
-        out.head_perm[i] = p2 if p1 is None else (p1 if p2 is None else p1[p2])
-        for name in ("qk_maps", "ov_maps"):
-            m1, m2 = t1.per_layer(name, i), t2.per_layer(name, i)
-            if m1 is not None and kv2 is not None:
-                m1 = m1[kv2]
-            getattr(out, name)[i] = _product(m1, m2)
-        f1, f2 = t1.per_layer("ffn_perm", i), t2.per_layer("ffn_perm", i)
-        out.ffn_perm[i] = f2 if f1 is None else (f1 if f2 is None else f1[f2])
-        s1, s2 = t1.per_layer("glu_scale", i), t2.per_layer("glu_scale", i)
-        if s1 is not None and f2 is not None:
-            s1 = s1[f2]
-        out.glu_scale[i] = s2 if s1 is None else (s1 if s2 is None else s1 * s2)
-    return out
-
-
 # --- orthogonal matrices -------------------------------------------------------------------------
 
 def cayley(s: Tensor) -> Tensor:
@@ -179,7 +142,8 @@ class GeneralLinear(nn.Module):
             self.register_buffer("base", (torch.eye(n).expand(shape) if m0 is None else m0).float().clone())
             self.raw = nn.Parameter(torch.zeros(shape))
         else:
-            self.raw = nn.Parameter((torch.eye(n, dtype=torch.float64).expand(shape) if m0 is None else m0).float().clone())
+            start_map = torch.eye(n, dtype=torch.float64).expand(shape) if m0 is None else m0
+            self.raw = nn.Parameter(start_map.float().clone())
 
     def forward(self) -> Tensor:
         if self.kind == "polar":
@@ -338,7 +302,8 @@ class LayerSymmetry(nn.Module):
         super().__init__()
         self.qk = self.ov = self.glu = self.kv_perm = self.ffn_perm = None
         if spec.head_maps:
-            self.qk = HeadMaps(spec.n_kv_heads, spec.head_dim, rotary_pairs(spec), inv, orth, start.per_layer("qk_maps", i))
+            self.qk = HeadMaps(spec.n_kv_heads, spec.head_dim, rotary_pairs(spec), inv, orth,
+                               start.per_layer("qk_maps", i))
             self.ov = HeadMaps(spec.n_kv_heads, spec.head_dim, [], inv, orth, start.per_layer("ov_maps", i))
         if spec.glu:
             s0 = start.per_layer("glu_scale", i)
@@ -404,8 +369,9 @@ class SymmetryParams(nn.Module):
             p = {k: v for k, v in graph.params.items() if k.startswith(prefix)}
             if layer.kv_perm is not None:
                 p = permute_layer_by_matrices(p, i, spec, layer.kv_perm()[0], layer.ffn_perm()[0])
-            t.head_perm[i] = None if layer.fixed_head_perm is None else layer.fixed_head_perm.to(graph.params[prefix + "attn.o"].device)
-            t.ffn_perm[i] = None if layer.fixed_ffn_perm is None else layer.fixed_ffn_perm.to(graph.params[prefix + "mlp.down"].device)
+            device = graph.params[prefix + "attn.o"].device
+            t.head_perm[i] = None if layer.fixed_head_perm is None else layer.fixed_head_perm.to(device)
+            t.ffn_perm[i] = None if layer.fixed_ffn_perm is None else layer.fixed_ffn_perm.to(device)
             params.update(transform_layer(p, i, spec, t))
         scale = float(t.scale.detach()) if isinstance(t.scale, Tensor) else float(t.scale)
         return graph.replace(params, norm_eps=graph.norm_eps * scale ** 2)

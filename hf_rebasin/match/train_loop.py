@@ -26,17 +26,23 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..cli import UserError
+from ..errors import UserError
 from ..training import lr_factor
 
 CHECKPOINT_FORMAT = "hf-rebasin-learned-matching/1"
 
 
-def make_accelerator(settings):
+LAMBDA_RANGES = {"uniform": (0.0, 1.0), "narrow": (0.4, 0.6)}
+# N > 2 models: weights ~ Dirichlet(c, ..., c).  c = 1 is uniform on the simplex; c = 36 gives two models
+# Beta(36, 36), whose spread (std 0.058) is that of U(0.4, 0.6)
+DIRICHLET_CONCENTRATION = {"uniform": 1, "narrow": 36}
+
+
+def make_accelerator(options):
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
     ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
-    return Accelerator(cpu=settings.device == "cpu", mixed_precision="no", kwargs_handlers=[ddp])
+    return Accelerator(cpu=options.device == "cpu", mixed_precision="no", kwargs_handlers=[ddp])
 
 
 # --- deterministic plan of the run ---------------------------------------------------------------
@@ -125,7 +131,9 @@ def load_checkpoint(path: str | Path, fingerprint: dict) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - any unreadable file is the same user problem
-        raise UserError(f"--resume {path} is not a readable checkpoint ({type(error).__name__}: {error})") from error
+        first_line = (str(error).strip().splitlines() or [""])[0]  # torch adds paragraphs of weights_only advice
+        raise UserError(f"--resume {path} is not a readable checkpoint "
+                        f"({type(error).__name__}: {first_line})") from error
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise UserError(f"--resume {path} is not a hf-rebasin learned-matching checkpoint")
     saved = state["fingerprint"]
@@ -186,7 +194,7 @@ def path_loss_at(path_loss, data, lam: float, batch_size: int, device) -> float:
 
 
 def _subset(data, n: int):
-    from ..barrier import EvalData
+    from ..evaluation import EvalData
     if data is None or n <= 0:
         return None
     labels = None if data.labels is None else data.labels[:n]
@@ -197,8 +205,7 @@ def _subset(data, n: int):
 
 def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint: dict, resume_state: dict | None,
                      progress: bool = True, on_step=None) -> list[dict]:
-    """Train path_loss's parameters for s.steps steps; returns the log (list of dicts)."""
-    from .learned import DIRICHLET_CONCENTRATION, LAMBDA_RANGES
+    """Train path_loss's parameters for s.steps steps (s: MergeOptions); returns the log (list of dicts)."""
     device, main = accelerator.device, accelerator.is_main_process
     rank, world = accelerator.process_index, accelerator.num_processes
     params = [p for p in path_loss.parameters() if p.requires_grad]
@@ -211,9 +218,10 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
     with warnings.catch_warnings():  # torch deprecates broadcast_buffers; accelerate has no other way to say it
         warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
         model = accelerator.prepare_model(path_loss)
-    micro = s.batch_size // (s.grad_accum * world)
-    plan = StepPlan(len(train.inputs), s.batch_size, s.seed, LAMBDA_RANGES[s.lambdas], path_loss.n_models,
-                    DIRICHLET_CONCENTRATION[s.lambdas])
+    micro = s.learn_batch_size // (s.grad_accum * world)
+    distribution = s.learned_lambda_dist()
+    plan = StepPlan(len(train.inputs), s.learn_batch_size, s.learn_seed, LAMBDA_RANGES[distribution],
+                    path_loss.n_models, DIRICHLET_CONCENTRATION[distribution])
     held_out = _subset(eval_data, s.eval_subset) if s.eval_every > 0 else None
     log_every = max(1, s.steps // 100)
     tag = run_tag(s.method, fingerprint)
@@ -229,8 +237,8 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
         if held_out is None or not main:
             return
         if ends is None:  # the endpoints are exact symmetries of the models: their losses never change
-            ends = [path_loss_at(path_loss, held_out, v, s.eval_batch_size, device) for v in path_loss.vertices]
-        mid = path_loss_at(path_loss, held_out, path_loss.centre, s.eval_batch_size, device)
+            ends = [path_loss_at(path_loss, held_out, v, s.batch_size, device) for v in path_loss.vertices]
+        mid = path_loss_at(path_loss, held_out, path_loss.centre, s.batch_size, device)
         barrier = mid - sum(ends) / len(ends)
         log.append({"step": step, "heldout_midpoint_loss": mid, "heldout_midpoint_barrier": barrier})
         postfix["mid-barrier"] = f"{barrier:.4f}"
@@ -244,7 +252,7 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
     with InterruptFlag(announce=main) as interrupt:
         for step in range(start, s.steps):
             for group in optimizer.param_groups:
-                group["lr"] = s.lr * lr_factor(step, s.steps, s.warmup_steps)
+                group["lr"] = s.lr * lr_factor(step, s.steps, s.warmup_steps())
             lam = plan.lam(step)
             index = plan.indices(step).view(s.grad_accum, world, micro)
             total = torch.zeros((), device=device)

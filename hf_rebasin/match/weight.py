@@ -18,9 +18,7 @@ from tqdm.auto import tqdm
 
 from ..canonical import Graph, Spec, layer_key, residual_role
 from ..symmetry import Transform, apply, rotary_pairs, rotate_residual, transform_layer
-from .linalg import (assignment, balance, best_permutation_matrix, procrustes, procrustes_fixing_ones,
-                     rotation_2d)
-
+from .linalg import assignment, balance, best_permutation_matrix, procrustes, procrustes_fixing_ones, rotation_2d
 
 # --- per-head views --------------------------------------------------------------------------
 
@@ -246,7 +244,7 @@ def weight_matching(a: Graph, b: Graph, *, residual: str = "orthogonal", head_ma
     residual="orthogonal" is the full group; residual="permutation" with head_maps=False is the
     permutation-only ablation (Git Re-Basin's treatment of the residual stream).  balance_a=False keeps
     a as it is (t_a = identity): used when a is the running average of several aligned models."""
-    from . import MatchResult
+    from . import Alignment
     spec = a.spec
     full = head_maps
     t_a = balance_transform(a, head_maps=full and balance_a, glu=full and balance_a)
@@ -287,4 +285,4 @@ def weight_matching(a: Graph, b: Graph, *, residual: str = "orthogonal", head_ma
     bar.close()
     t = best  # the steps are not all exact minimisers of the distance: keep the best round
     settings = {"residual": residual, "head_maps": full, "max_rounds": max_rounds, "tol": tol}
-    return MatchResult(t_a, t, log, settings)
+    return Alignment([t_a, t], log, settings)

@@ -1,0 +1,171 @@
+"""``hf-rebasin run RECIPE``: the command line of recipes (hf_rebasin/recipes.py reads and checks them and builds
+each step's command): --list, --dry-run, --set, --skip-*, --force, running the steps in turn through the
+ordinary commands, the recipe's copy in the output folder, and on a failed step the command that resumes."""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import traceback
+
+import yaml
+
+from .. import recipes
+from ..errors import UserError
+from ..recipes import RECIPE_COPY, STEPS, Recipe, shown
+
+
+def shell(argv: list[str]) -> str:
+    return "hf-rebasin " + shlex.join(argv)
+
+
+def print_list() -> int:
+    names = recipes.bundled()
+    if not names:
+        print(f"no bundled recipes in {recipes.RECIPES_DIR}")
+        return 0
+    width = max(map(len, names))
+    print(f"bundled recipes ({shown(recipes.RECIPES_DIR)}/):")
+    for name, path in names.items():
+        try:
+            fields = recipes.read_yaml(path)
+            line = fields.get("description") or " × ".join(map(str, fields.get("models") or []))
+        except UserError as error:
+            line = f"(unreadable: {error})"
+        print(f"  {name:<{width}}  {line}")
+    print("run one with: hf-rebasin run NAME [--dry-run]")
+    return 0
+
+
+def planned(recipe: Recipe, args) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """(steps to run, {skipped step: why})."""
+    steps = recipes.commands(recipe, force=args.force)
+    skipped = {step: f"the recipe has no `{step}` block" for step in STEPS if step not in steps}
+    for step in STEPS:
+        if getattr(args, f"skip_{step}") and step in steps:
+            del steps[step]
+            skipped[step] = f"--skip-{step}"
+    return steps, skipped
+
+
+def resume_command(args, *add: str) -> str:
+    argv = [a for a in args.argv if a != "--force"]
+    return shell(argv + [a for a in add if a not in argv])
+
+
+def check_before_running(recipe: Recipe, steps: dict, args) -> None:
+    out, barrier = recipe.out, recipe.out / "barrier.json"
+    if args.skip_merge and not barrier.is_file():
+        raise UserError(f"--skip-merge goes on with an earlier merge, but {shown(out)} holds none (no barrier.json); "
+                        "run without --skip-merge")
+    if "merge" in steps and out.exists() and not args.force:
+        if barrier.is_file():
+            raise UserError(f"{shown(out)} already holds a merge (barrier.json): pass --skip-merge to go on with "
+                            "eval/push using it, or --force to merge again and replace it")
+        raise UserError(f"{shown(out)} already exists and is not a merge output: choose another folder "
+                        f"(--set out=...) or pass --force to replace it")
+    if "push" in steps:
+        from ..hub import hub_token
+        try:
+            hub_token(None)
+        except UserError as error:
+            raise UserError(f"{error}; or pass --skip-push to leave the push out") from error
+
+
+def run_step(number: int, total: int, step: str, argv: list[str]) -> int:
+    """Run one step as the ordinary command, in this process; its exit code."""
+    from . import EXIT_BAD_INPUT, main
+    print(f"== step {number}/{total}: {step}: {shell(argv)}", flush=True)
+    try:
+        return int(main(argv) or 0)
+    except SystemExit as stop:  # argparse rejected an option value
+        return stop.code if isinstance(stop.code, int) else EXIT_BAD_INPUT
+    except Exception:  # noqa: BLE001 - a step that crashed: say which one, and how to go on
+        traceback.print_exc()
+        return EXIT_BAD_INPUT
+
+
+def failure_message(step: str, argv: list[str], recipe: Recipe, args, steps: dict, code: int) -> str:
+    from . import EXIT_INTERRUPTED
+    what = "was interrupted" if code == EXIT_INTERRUPTED else "failed (see the error above)"
+    if step == "merge":
+        return (f"hf-rebasin run: step merge {what}; nothing was written to {shown(recipe.out)}. "
+                f"Fix the problem and rerun: {resume_command(args)}")
+    later = [s for s in STEPS[STEPS.index(step) + 1:] if s in steps]
+    skip = ["--skip-merge"] + (["--skip-eval"] if step == "push" and "eval" in steps else [])
+    tail = f", then {', '.join(later)}" if later else ""
+    return (f"hf-rebasin run: step {step} {what}; the merge in {shown(recipe.out)} is kept. "
+            f"Resume with: {resume_command(args, *skip)}  (runs {step}{tail}), "
+            f"or run the step alone: {shell(argv)}")
+
+
+def write_recipe_copy(recipe: Recipe, args) -> None:
+    """The recipe (with --set applied) in its output folder as recipe.yaml, headed by the command that ran it."""
+    target = recipe.out / RECIPE_COPY
+    partial = target.with_name(f".{RECIPE_COPY}.partial")
+    header = f"# the recipe this folder was made with: {shell(args.argv)}\n# from {recipe.path}\n"
+    partial.write_text(header + yaml.safe_dump(recipe.fields, sort_keys=False, allow_unicode=True))
+    partial.replace(target)
+
+
+def compare_with_paper(recipe: Recipe) -> None:
+    paper = recipe.fields.get("paper") or {}
+    published = paper.get("barrier") or {}
+    barrier_file = recipe.out / "barrier.json"
+    if not published or not barrier_file.is_file():
+        return
+    measured = json.loads(barrier_file.read_text())
+    numbers = ", ".join(f"{method} {value:g}" for method, value in published.items())
+    print(f"published barrier ({paper.get('source', 'paper')}): {numbers}; "
+          f"this run ({measured['method']}): {measured['barrier']:.2f}")
+
+
+def run_command(args) -> int:
+    from . import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+    if args.list:
+        return print_list()
+    if not args.recipe:
+        raise UserError("name a recipe (a YAML file, or a bundled recipe such as pythia-70m), "
+                        "or pass --list to see the bundled ones")
+    if args.force and args.skip_merge:
+        raise UserError("--force (merge again) and --skip-merge (keep the earlier merge) contradict each other")
+    recipe = recipes.load_recipe(args.recipe, args.set or [])
+    steps, skipped = planned(recipe, args)
+    if args.dry_run:
+        print(f"# recipe {shown(recipe.path)} (dry run: nothing is run or written)")
+        for step in STEPS:
+            print(shell(steps[step]) if step in steps else f"# {step}: skipped ({skipped[step]})")
+        if "merge" in steps and recipe.out.exists() and not args.force:
+            print(f"# note: {shown(recipe.out)} exists; the real run needs --force or --skip-merge")
+        return 0
+    check_before_running(recipe, steps, args)
+    for number, (step, argv) in enumerate(steps.items(), start=1):
+        code = run_step(number, len(steps), step, argv)
+        if code:
+            print(failure_message(step, argv, recipe, args, steps, code), file=sys.stderr)
+            return EXIT_INTERRUPTED if code == EXIT_INTERRUPTED else EXIT_BAD_INPUT
+        if step == "merge":
+            write_recipe_copy(recipe, args)
+    compare_with_paper(recipe)
+    print(f"hf-rebasin run {recipe.name}: done ({', '.join(steps) or 'nothing to run'}); output in {shown(recipe.out)}")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "run", help="run a YAML recipe: merge, then eval and push when the recipe has those blocks",
+        description=recipes.__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("recipe", nargs="?", metavar="RECIPE",
+                        help="a recipe file, or the name of a bundled recipe (pythia-1b -> recipes/pythia-1b.yaml)")
+    parser.add_argument("--list", action="store_true", help="list the bundled recipes and exit")
+    parser.add_argument("--dry-run", action="store_true", help="check the recipe and print the commands; run nothing")
+    parser.add_argument("--force", action="store_true", help="replace an existing output folder (merge again)")
+    parser.add_argument("--skip-merge", action="store_true",
+                        help="keep the merge already in the output folder; go on with eval/push")
+    parser.add_argument("--skip-eval", action="store_true", help="leave out the eval step")
+    parser.add_argument("--skip-push", action="store_true", help="leave out the push step")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override a recipe field (dotted for blocks: merge.alpha=0.3, push.repo_id=me/x, "
+                             "eval=null); VALUE is read as YAML; repeatable")
+    parser.set_defaults(func=run_command)

@@ -1,0 +1,171 @@
+"""The loss barrier along the straight path between aligned models, or over the simplex of N (DESIGN §5).
+
+Protocol for language models: mean next-token cross-entropy over every predicted token of
+non-overlapping windows (see data.token_windows), perplexity = exp(loss).  Classifiers: mean
+cross-entropy and top-1 accuracy.  Two models: barrier = max over the λ grid of L(λ) - ((1-λ) L(0) + λ L(1)).
+N models: the max over a simplex lattice (every weight vector with entries k/r) of
+L(sum_i w_i θ_i) - sum_i w_i L(θ_i).  The two-model grid is the lattice of the 2-simplex.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from .canonical import Graph, interpolate
+from .errors import OptionError
+from .models import Loaded, instantiate
+
+
+@dataclass
+class EvalData:
+    task: str  # "causal-lm" or "image-classification"
+    inputs: Tensor  # token windows (n, seq_len) or images (n, C, H, W)
+    labels: Tensor | None = None  # class labels for images
+    info: dict | None = None
+
+
+def load_eval_data(spec: str, template: Loaded, *, seq_len: int | None, max_tokens: int | None,
+                   max_examples: int | None, text_field: str = "text", flag: str = "--data") -> EvalData:
+    """Token windows (language models) or preprocessed images (timm) of a data spec, for the template."""
+    from .data import load_token_windows, read_images
+    if template.task == "image-classification":
+        cfg = template.backend.preprocessing(template.model)
+        images, labels, info = read_images(spec, input_size=tuple(cfg["input_size"]), mean=tuple(cfg["mean"]),
+                                           std=tuple(cfg["std"]), max_examples=max_examples)
+        return EvalData("image-classification", images, labels, info)
+    seq_len = seq_len or default_seq_len(template)
+    check_seq_len(seq_len, template)
+    cap = "--max-train-tokens" if flag == "--train-data" else "--max-eval-tokens"
+    windows, info = load_token_windows(spec, template.backend.tokenizer(template.source), seq_len, max_tokens,
+                                       text_field=text_field, max_tokens_flag=cap)
+    return EvalData("causal-lm", windows, None, info)
+
+
+def default_seq_len(template: Loaded) -> int:
+    return min(512, template.adapter.context_length(template.config) or 512)
+
+
+def check_seq_len(seq_len: int, template: Loaded) -> None:
+    context = template.adapter.context_length(template.config)
+    if context is not None and seq_len > context:
+        raise OptionError(f"--seq-len {seq_len} is longer than the model's context ({context} tokens)")
+
+
+def _batches(n: int, batch_size: int):
+    for start in range(0, n, batch_size):
+        yield slice(start, min(n, start + batch_size))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: EvalData, batch_size: int = 8, device: str = "cpu") -> dict:
+    """{"loss": ..., "perplexity" | "accuracy": ...} of one model on the data."""
+    model = model.to(device).eval()
+    total_loss, total_count, correct = 0.0, 0, 0
+    for part in _batches(len(data.inputs), batch_size):
+        x = data.inputs[part].to(device)
+        if data.task == "causal-lm":
+            logits = model(input_ids=x).logits[:, :-1].float()
+            target = x[:, 1:]
+            total_loss += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                                reduction="sum"))
+            total_count += target.numel()
+        else:
+            logits = model(x).float()
+            y = data.labels[part].to(device)
+            total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(-1) == y).sum())
+            total_count += len(y)
+    loss = total_loss / total_count
+    if data.task == "causal-lm":
+        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
+    return {"loss": loss, "accuracy": correct / total_count}
+
+
+def simplex_lattice(n: int, resolution: int) -> list[tuple[float, ...]]:
+    """Every weight vector over n models with entries k / resolution (vertices first, as in reading order)."""
+    points = [c for c in itertools.product(range(resolution + 1), repeat=n) if sum(c) == resolution]
+    return [tuple(k / resolution for k in c) for c in sorted(points, reverse=True)]
+
+
+def lambda_grid(points: int) -> list[float]:
+    return [k / (points - 1) for k in range(points)]
+
+
+def evaluate_points(graphs: list[Graph], weights: list[tuple[float, ...]], template: Loaded, data: EvalData,
+                    batch_size: int = 8, device: str = "cpu", progress: bool = True,
+                    desc: str = "barrier") -> list[dict]:
+    """Metrics of the merged model sum_i w_i graph_i at every weight vector (one model built at a time)."""
+    results = []
+    for w in tqdm(weights, desc=desc, disable=not progress, leave=False):
+        model = instantiate(interpolate(graphs, list(w)), template)
+        results.append(evaluate(model, data, batch_size, device))
+        del model
+    return results
+
+
+def worst_excess(weights: list[tuple[float, ...]], losses: list[float], endpoint_loss: list[float]):
+    """(excess at every point, index of the largest): excess = L(w) - sum_i w_i L(model_i)."""
+    excess = [loss - sum(wi * li for wi, li in zip(w, endpoint_loss)) for w, loss in zip(weights, losses)]
+    return excess, max(range(len(excess)), key=excess.__getitem__)
+
+
+def barrier_of(lambdas: list[float], losses: list[float]) -> tuple[float, float]:
+    """(barrier, λ where it is reached) for a path whose endpoints are the first and last points."""
+    excess, k = worst_excess([(1 - lam, lam) for lam in lambdas], losses, [losses[0], losses[-1]])
+    return excess[k], lambdas[k]
+
+
+# --- plots ----------------------------------------------------------------------------------------
+
+def plot_path(results: dict[str, dict], path, title: str) -> None:
+    """barrier.png of two models: loss against λ for one or more methods (name -> report dict)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
+    for name, result in results.items():
+        ax.plot(result["lambdas"], result["loss"], marker="o", ms=3, label=f"{name} (barrier {result['barrier']:.3f})")
+    ends = next(iter(results.values()))
+    ax.plot([0, 1], ends["endpoint_loss"], ls="--", c="grey", lw=1, label="linear between endpoints")
+    ax.set_xlabel("λ  (0 = model A, 1 = aligned model B)")
+    ax.set_ylabel("loss (nats)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_simplex(report: dict, path, names: list[str]) -> None:
+    """barrier.png of N models: a ternary heat map of the excess loss for three, the excess per point otherwise."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5.2, 4.4), dpi=120)
+    if report["n_models"] == 3:
+        w = torch.tensor(report["lambdas"])
+        x = w[:, 1] + 0.5 * w[:, 2]
+        y = (math.sqrt(3) / 2) * w[:, 2]
+        shading = ax.tricontourf(x.numpy(), y.numpy(), report["excess"], levels=12, cmap="viridis")
+        ax.scatter(x, y, c="white", s=6)
+        fig.colorbar(shading, ax=ax, label="excess loss over the plane of the endpoints (nats)")
+        for (px, py), name in zip([(0, 0), (1, 0), (0.5, math.sqrt(3) / 2)], names):
+            ax.annotate(Path(name).name, (px, py), ha="center", va="top" if py == 0 else "bottom", fontsize=8)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    else:
+        ax.plot(report["excess"], marker="o")
+        ax.set_xlabel("simplex lattice point")
+        ax.set_ylabel("excess loss (nats)")
+    ax.set_title(f"{report['n_models']}-way merge ({report['method']}), barrier {report['barrier']:.3f}", fontsize=9,
+                 pad=16)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

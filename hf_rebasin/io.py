@@ -1,0 +1,206 @@
+"""Writing files and folders so that nothing is lost and nothing is left half-written.
+
+* ``atomic_write``: a temporary file beside the target, then ``os.replace``.
+* ``atomic_output_dir``: an output folder is built in a temporary sibling and swapped into place at the end.
+  An existing folder is replaced by an atomic exchange (Linux ``renameat2(RENAME_EXCHANGE)``; elsewhere two
+  renames with the old folder restored on failure) and removed only after the new one is in place: at every
+  moment the target holds either the whole old output or the whole new one.
+* ``edited_dir``: edit an existing folder (eval) through a hard-linked staging copy swapped in the same way;
+  ``linked_copy``: such a copy that is only read (what push uploads) and then removed.
+* ``check_output_dir``: ``--force`` replaces only what hf-rebasin wrote: never ``.``, a parent of the current
+  folder, the home folder, the root, a source model's folder, or a non-empty folder without ``barrier.json``.
+Output folders and files follow the umask, like any file the user makes."""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import OutputError
+from .report import REPORT_FILE
+
+STAGING_TAG = ".hf-rebasin-"  # temporary siblings: .NAME.hf-rebasin-PID-XXXX
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> Path:
+    """Write data to path through a temporary file in the same folder (the old file stays until the end)."""
+    path = Path(path)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes it private
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _staging_dir(target: Path, kind: str) -> Path:
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}{STAGING_TAG}{os.getpid()}-{kind}-", dir=target.parent))
+    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; the output is an ordinary folder
+    return tmp
+
+
+def remove_stale_staging(target: Path) -> None:
+    """Remove temporary siblings of target left by hf-rebasin processes that no longer run (killed ones)."""
+    for sibling in target.parent.glob(f".{target.name}{STAGING_TAG}*"):
+        pid = sibling.name[len(target.name) + 1 + len(STAGING_TAG):].split("-", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(sibling, ignore_errors=True) if sibling.is_dir() else sibling.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: this file system cannot exchange
+        return False
+    raise OSError(error, os.strerror(error), str(b))
+
+
+def replace_dir(new: Path, target: Path) -> None:
+    """Put the folder `new` at `target`; an existing target is removed only once `new` is in place."""
+    if not target.exists():
+        new.rename(target)
+        return
+    if _exchange(new, target):
+        shutil.rmtree(new, ignore_errors=True)  # `new` now holds the old output
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}{STAGING_TAG}{os.getpid()}-old-", dir=target.parent))
+    old.rmdir()
+    target.rename(old)
+    try:
+        new.rename(target)
+    except BaseException:
+        old.rename(target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def atomic_output_dir(out: str | Path, *, force: bool = False, sources: tuple = ()):
+    """Yield a temporary folder beside `out`; it becomes `out` only when the block succeeds."""
+    out = Path(out).expanduser().absolute()
+    check_output_dir(out, force=force, sources=sources)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(out)
+    tmp = _staging_dir(out, "new")
+    try:
+        yield tmp
+        replace_dir(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _link_tree(folder: Path, stage: Path) -> None:
+    for path in folder.rglob("*"):
+        target = stage / path.relative_to(folder)
+        if path.is_dir():
+            target.mkdir(exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)
+
+
+@contextmanager
+def linked_copy(folder: str | Path, kind: str = "copy"):
+    """Yield a temporary copy of `folder` beside it (files hard-linked, so nothing is copied), removed at the
+    end.  Write into it only by replacing files (atomic_write), never in place: the files are shared."""
+    folder = Path(folder).absolute()
+    remove_stale_staging(folder)
+    stage = _staging_dir(folder, kind)
+    try:
+        _link_tree(folder, stage)
+        yield stage
+    finally:
+        if stage.exists():
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextmanager
+def edited_dir(folder: str | Path):
+    """Yield a linked copy of `folder` that replaces `folder` only when the block succeeds."""
+    folder = Path(folder).absolute()
+    with linked_copy(folder, "edit") as stage:
+        yield stage
+        replace_dir(stage, folder)
+
+
+# --- where an output may go ------------------------------------------------------------------------
+
+def _is_within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_output_dir(out: str | Path, *, force: bool, sources: tuple = (), flag: str = "--out") -> None:
+    """Raise OutputError if `out` cannot receive an output folder; with force, if it is not ours to replace."""
+    out = Path(out).expanduser().resolve()
+    cwd, home = Path.cwd().resolve(), Path.home().resolve()
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{flag} {out} is a file, not a folder: choose a folder name")
+    for source in sources:
+        local = Path(str(source)).expanduser()
+        if local.exists():
+            local = local.resolve()
+            if _is_within(out, local) or _is_within(local, out):
+                raise OutputError(f"{flag} {out} overlaps the source model folder {local}: choose a folder outside it")
+    if out.exists():
+        if _is_within(cwd, out) or out in (home, Path(out.anchor)):
+            raise OutputError(f"{flag} {out} is the current folder, one of its parents, the home folder or the root: "
+                              "hf-rebasin never replaces those; choose a new folder name")
+        empty = not any(out.iterdir())
+        if not force and not empty:
+            raise OutputError(f"{out} already exists; choose another {flag} or pass --force to replace it")
+        if force and not empty and not (out / REPORT_FILE).is_file():
+            raise OutputError(f"{out} exists and is not an hf-rebasin output (it has no {REPORT_FILE}): --force "
+                              f"replaces only an earlier merge; choose another {flag}")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"{flag} {out}: {parent} is a file, so the folder cannot be made")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{flag} {out}: {parent} is not writable; choose a folder you can write to")
+
+
+def check_output_file(path: str | Path, flag: str) -> None:
+    """Raise OutputError if a file cannot be written at path (a folder there, or a missing/unwritable parent)."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise OutputError(f"{flag} {path} is a folder: give a file name (e.g. {path / 'barrier.json'})")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"{flag} {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{flag} {path}: the folder {parent} is not writable")

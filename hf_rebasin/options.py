@@ -1,0 +1,317 @@
+"""Typed options: every setting of merge / barrier, eval and push, its default, its help text and its valid
+range, written once.  The command line (--help included) is generated from these dataclasses, recipes are
+checked against them, and ``check`` refuses bad values before any expensive step, naming the flag.
+
+    from hf_rebasin.options import MergeOptions
+    MergeOptions(method="wm", data="heldout.txt", seq_len=128).check(n_models=2)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from math import comb
+from typing import Any
+
+from .errors import OptionError
+
+DEFAULT_LM_DATA = "wikitext:wikitext-103-raw-v1:test"
+DEFAULT_LAMBDAS = 11
+DEFAULT_ALPHA = 0.5
+MAX_LATTICE_POINTS = 500  # evaluations of an N-way merge's simplex lattice
+LAMBDA_DISTRIBUTIONS = ("uniform", "narrow")
+DEFAULT_LAMBDA_DIST = {"lm": "narrow", "dual": "uniform"}  # Theus et al. / Li & Shen
+
+
+def option(default: Any = None, help: str = "", *, group: str = "", choices: tuple | None = None,
+           low: float | None = None, high: float | None = None, above: float | None = None,
+           metavar: str | None = None, flag: str | None = None, positional: bool = False, nargs: str | None = None,
+           required: bool = False):
+    """A dataclass field with what the command line and the checks need to know about it."""
+    meta = dict(help=help, group=group, choices=choices, low=low, high=high, above=above, metavar=metavar,
+                flag=flag, positional=positional, nargs=nargs, required=required)
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def shown_default(value) -> str:
+    return "off" if value is False else ("none" if value is None else str(value))
+
+
+# --- merge and barrier --------------------------------------------------------------------------------
+
+EVALUATION = "evaluation (the barrier protocol)"
+MATCHING = "matching"
+LEARNED = "learned matching (--method lm / dual)"
+OUTPUT = "output"
+
+
+@dataclass
+class MergeOptions:
+    """Everything `merge` and `barrier` take besides the models."""
+
+    method: str = option("wm", "matching method (see the table in --help)", group=MATCHING)
+    data: str | None = option(None, "held-out data: a .txt file or folder, .jsonl, a datasets spec NAME[:CONFIG[:SPLIT]] "
+                              f"(LM default {DEFAULT_LM_DATA}); images: an ImageFolder, an .npz or a datasets spec",
+                              group=EVALUATION)
+    text_field: str = option("text", "text field of .jsonl / datasets rows", group=EVALUATION)
+    alpha: float | None = option(None, f"two models: the merged model is (1-α)·A + α·π(B) (default {DEFAULT_ALPHA})",
+                                 group=EVALUATION, low=0.0, high=1.0)
+    lambdas: int | None = option(None, f"two models: points on the λ grid from 0 to 1 (default {DEFAULT_LAMBDAS})",
+                                 group=EVALUATION, low=2, high=1001)
+    simplex_resolution: int | None = option(None, "three or more models: lattice step 1/r on the simplex (default 6 for "
+                                            "three models, else the largest r <= N whose lattice has at most "
+                                            f"{MAX_LATTICE_POINTS} points)", group=EVALUATION, low=1)
+    seq_len: int | None = option(None, "window length in tokens (default min(512, context))", group=EVALUATION, low=2)
+    max_eval_tokens: int = option(65536, "cap on evaluated tokens", group=EVALUATION, low=1)
+    max_eval_examples: int | None = option(None, "cap on evaluated images (default all)", group=EVALUATION, low=1)
+    batch_size: int = option(8, "evaluation batch size", group=EVALUATION, low=1)
+    device: str = option("auto", "where models run: auto (a CUDA GPU when present), cpu, cuda or cuda:N",
+                         group=EVALUATION)
+    rounds: int = option(10, "cap on weight-matching rounds", group=MATCHING, low=1, high=1000)
+    match_data: str | None = option(None, "data for activation matching (default: --data)", group=MATCHING)
+    am_batches: int = option(4, "batches for activation matching", group=MATCHING, low=1)
+    # learned matching
+    steps: int = option(300, "optimiser steps", group=LEARNED, low=1, high=10_000_000)
+    lr: float = option(3e-3, "AdamW learning rate (symmetry parameters are angles and log-scales; 1e-3 .. 1e-2 is "
+                       "typical)", group=LEARNED, above=0.0, high=1.0)
+    warmup: int | None = option(None, "linear warmup steps before the cosine decay (default 10%% of --steps)",
+                                group=LEARNED, low=0)
+    learn_batch_size: int = option(64, "examples per optimiser step, summed over processes and accumulation",
+                                   group=LEARNED, low=1)
+    grad_accum: int = option(1, "gradient accumulation micro-steps", group=LEARNED, low=1)
+    init: str = option("absorbed", "absorbed: apply the weight-matching transforms first and learn from the identity; "
+                       "plain: the parameters start at the weight-matching values", group=LEARNED,
+                       choices=("absorbed", "plain"))
+    orth: str = option("cayley", "orthogonal parameterisation", group=LEARNED, choices=("cayley", "expm"))
+    inv: str = option("polar", "parameterisation of the per-head invertible maps", group=LEARNED,
+                      choices=("polar", "expm", "direct"))
+    lambda_dist: str | None = option(None, "λ per step: uniform U(0,1) or narrow U(0.4,0.6); N models: Dirichlet(1) or "
+                                     "Dirichlet(36) (default: narrow for lm, uniform for dual)", group=LEARNED,
+                                     choices=LAMBDA_DISTRIBUTIONS)
+    learn_perms: bool = option(False, "also learn head (KV-group) and FFN permutations, straight-through "
+                               "(Sinkhorn backward)", group=LEARNED)
+    train_data: str | None = option(None, "training data for lm/dual, same forms as --data (default: --match-data, "
+                                    "else --data; pass a separate split!)", group=LEARNED)
+    max_train_tokens: int | None = option(None, "cap on training tokens (LMs; default all)", group=LEARNED, low=1)
+    max_train_examples: int | None = option(None, "cap on training images (default all)", group=LEARNED, low=1)
+    eval_every: int = option(50, "steps between held-out midpoint-barrier estimates shown in the bar (0: off)",
+                             group=LEARNED, low=0)
+    eval_subset: int = option(32, "held-out examples (windows/images) for that estimate", group=LEARNED, low=0)
+    checkpoint_every: int = option(0, "save a checkpoint every K steps (0: only on Ctrl-C)", group=LEARNED, low=0)
+    checkpoint_dir: str = option("runs/learned", "checkpoint folder", group=LEARNED)
+    resume: str | None = option(None, "resume from a checkpoint file (or the newest one in a folder)", group=LEARNED)
+    learn_seed: int = option(0, "seed of the data order and λ draws", group=LEARNED, low=0)
+    learn_precision: str = option("auto", "autocast of the model forward: auto = bf16 on CUDA, fp32 on CPU",
+                                  group=LEARNED, choices=("auto", "bf16", "fp32"))
+
+    # --- derived values ------------------------------------------------------------------------------
+    def lambda_points(self) -> int:
+        return DEFAULT_LAMBDAS if self.lambdas is None else self.lambdas
+
+    def merge_alpha(self) -> float:
+        return DEFAULT_ALPHA if self.alpha is None else self.alpha
+
+    def resolution(self, n_models: int) -> int:
+        return self.simplex_resolution or default_resolution(n_models)
+
+    def learned_lambda_dist(self) -> str:
+        return self.lambda_dist or DEFAULT_LAMBDA_DIST.get(self.method, "uniform")
+
+    def warmup_steps(self) -> int:
+        return max(1, self.steps // 10) if self.warmup is None else self.warmup
+
+    def resolved_device(self) -> str:
+        return resolve_device(self.device)
+
+    # --- checks --------------------------------------------------------------------------------------
+    def check(self, n_models: int = 2, num_processes: int = 1) -> None:
+        """Raise OptionError naming every bad value (by its flag) and every combination that cannot work."""
+        from .match import METHODS
+        problems = range_problems(self)
+        method = METHODS.get(self.method)
+        if method is None:
+            problems.append(f"unknown --method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if n_models < 2:
+            problems.append(f"got {n_models} model; a merge needs at least two (A B ...)")
+        elif n_models > 2:
+            if method is not None and not method.n_way:
+                n_way = ", ".join(name for name, m in METHODS.items() if m.n_way)
+                problems.append(f"--method {self.method} is not available for {n_models} models; use one of {n_way}")
+            for name in ("alpha", "lambdas"):
+                if getattr(self, name) is not None:
+                    problems.append(f"--{name} is for two models; {n_models} models are merged at their centroid "
+                                    "and evaluated on the simplex lattice (--simplex-resolution)")
+            points = lattice_size(n_models, self.resolution(n_models))
+            if points > MAX_LATTICE_POINTS:
+                problems.append(f"--simplex-resolution {self.resolution(n_models)} with {n_models} models gives {points:,} "
+                                f"lattice points (model evaluations); the limit is {MAX_LATTICE_POINTS}: lower "
+                                "--simplex-resolution")
+        elif self.simplex_resolution is not None:
+            problems.append("--simplex-resolution is for three or more models; two models use --lambdas")
+        if self.seq_len is not None and self.max_eval_tokens < self.seq_len:
+            problems.append(f"--max-eval-tokens {self.max_eval_tokens} is smaller than --seq-len {self.seq_len}: "
+                            "no window fits")
+        if self.seq_len is not None and self.max_train_tokens is not None and self.max_train_tokens < self.seq_len:
+            problems.append(f"--max-train-tokens {self.max_train_tokens} is smaller than --seq-len {self.seq_len}")
+        if self.warmup is not None and self.warmup >= self.steps:
+            problems.append(f"--warmup must be in [0, --steps), got {self.warmup} with --steps {self.steps}")
+        if self.learn_batch_size % (self.grad_accum * num_processes):
+            problems.append(f"--learn-batch-size {self.learn_batch_size} is not divisible by --grad-accum "
+                            f"({self.grad_accum}) × processes ({num_processes}); every micro-batch must have the same size")
+        problems += device_problems(self.device, "--device")
+        if problems:
+            raise OptionError("; ".join(problems))
+
+
+def default_resolution(n_models: int) -> int:
+    """6 for three models, else N (both put the centroid on the lattice) while the lattice stays small."""
+    if n_models == 3:
+        return 6
+    r = n_models
+    while r > 1 and lattice_size(n_models, r) > MAX_LATTICE_POINTS:
+        r -= 1
+    return r
+
+
+def lattice_size(n_models: int, resolution: int) -> int:
+    """Points of the simplex lattice with step 1/resolution: C(r + N - 1, N - 1)."""
+    return comb(resolution + n_models - 1, n_models - 1)
+
+
+def resolve_device(device: str) -> str:
+    import torch
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def device_problems(device: str | None, flag: str) -> list[str]:
+    import torch
+    if device in (None, "auto", "cpu"):
+        return []
+    if device == "cuda" or device.startswith("cuda:"):
+        index = device.partition(":")[2]
+        if index and not index.isdigit():
+            return [f"{flag} {device!r} is not a device: use cpu, cuda or cuda:N"]
+        if not torch.cuda.is_available():
+            return [f"{flag} {device} was asked for, but torch sees no CUDA GPU: use {flag} cpu (or auto)"]
+        if index and int(index) >= torch.cuda.device_count():
+            return [f"{flag} {device}: only {torch.cuda.device_count()} CUDA GPU(s) are present"]
+        return []
+    return [f"{flag} {device!r} is not a device hf-rebasin runs on: use auto, cpu, cuda or cuda:N"]
+
+
+# --- eval and push ------------------------------------------------------------------------------------
+
+@dataclass
+class EvalOptions:
+    """What `eval` takes besides the merge folder."""
+
+    tasks: str = option("piqa,sciq,arc_easy", "comma-separated lm-eval task names")
+    endpoints: bool = option(False, "also evaluate the source models listed in barrier.json (columns A, B, ...)")
+    limit: int | None = option(None, "at most N examples per task (for quick checks)", low=1)
+    batch_size: str = option("8", "batch size, or 'auto'")
+    device: str = option("auto", "where to run the model: auto (a CUDA GPU when present), cpu, cuda or cuda:N")
+    include_path: str | None = option(None, "folder of extra lm-eval task YAMLs (e.g. local copies of tasks for "
+                                      "offline use)", metavar="PATH")
+
+    def check(self) -> None:
+        problems = range_problems(self) + device_problems(self.device, "--device")
+        if not (self.batch_size == "auto" or self.batch_size.startswith("auto:") or
+                (self.batch_size.isdigit() and int(self.batch_size) > 0)):
+            problems.append(f"--batch-size {self.batch_size!r} must be a positive integer or 'auto'")
+        if problems:
+            raise OptionError("; ".join(problems))
+
+
+@dataclass
+class PushOptions:
+    """What `push` takes besides the folder and the repo id."""
+
+    private: bool = option(False, "create the repository as private")
+    revision: str | None = option(None, "branch to upload to (created from main if missing)")
+    commit_message: str | None = option(None, "message of the upload commit")
+    exist_ok: bool = option(False, "upload into the repository if it already exists (otherwise that is an error)")
+
+    def check(self) -> None:
+        problems = range_problems(self)
+        if problems:
+            raise OptionError("; ".join(problems))
+
+
+# --- the generic machinery: ranges, argparse, recipes --------------------------------------------------
+
+def fields_of(cls) -> list[dataclasses.Field]:
+    return list(dataclasses.fields(cls))
+
+
+def value_type(cls, f: dataclasses.Field) -> type:
+    """int, float, str or bool: the annotation without its `| None`."""
+    hint = typing.get_type_hints(cls)[f.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return args[0]
+
+
+def range_problems(options) -> list[str]:
+    problems = []
+    for f in fields_of(type(options)):
+        value, meta = getattr(options, f.name), f.metadata
+        if value is None or isinstance(value, bool):
+            continue
+        flag = flag_of(f)
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{flag} must be a finite number, got {value}")
+            continue
+        if meta.get("choices") and value not in meta["choices"]:
+            problems.append(f"{flag} must be one of {', '.join(meta['choices'])}, got {value!r}")
+        low, high, above = meta.get("low"), meta.get("high"), meta.get("above")
+        if isinstance(value, (int, float)):
+            if low is not None and high is not None and not low <= value <= high:
+                problems.append(f"{flag} must be in [{low}, {high}], got {value}")
+            elif low is not None and value < low:
+                problems.append(f"{flag} must be at least {low}, got {value}")
+            elif above is not None and high is not None and not above < value <= high:
+                problems.append(f"{flag} must be in ({above}, {high}], got {value}")
+            elif high is not None and low is None and above is None and value > high:
+                problems.append(f"{flag} must be at most {high}, got {value}")
+    return problems
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
+    """One --flag per field of an options dataclass, grouped as the fields say, help with the default."""
+    groups: dict[str, Any] = {}
+    for f in fields_of(cls):
+        if f.name in skip:
+            continue
+        meta = f.metadata
+        group = meta.get("group") or ""
+        target = parser if not group else groups.setdefault(group, parser.add_argument_group(group))
+        kind = value_type(cls, f)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        help_text = meta.get("help", "")
+        if kind is bool:
+            target.add_argument(flag_of(f), action="store_true", default=default, dest=f.name, help=help_text)
+            continue
+        if default is not None and "default" not in help_text:
+            help_text += f" (default {shown_default(default)})"
+        target.add_argument(flag_of(f), type=kind, default=default, dest=f.name, help=help_text,
+                            choices=meta.get("choices"), metavar=meta.get("metavar"))
+
+
+def from_namespace(cls, namespace: argparse.Namespace, **overrides):
+    values = {f.name: getattr(namespace, f.name) for f in fields_of(cls) if hasattr(namespace, f.name)}
+    return cls(**{**values, **overrides})
+
+
+def option_table(cls) -> dict[str, dict]:
+    """{recipe key: {"flag", "type", "choices", "help"}} of an options dataclass (what recipes may set)."""
+    return {f.name: {"flag": flag_of(f), "type": value_type(cls, f), "choices": f.metadata.get("choices"),
+                     "help": f.metadata.get("help", "")} for f in fields_of(cls)}

@@ -1,0 +1,249 @@
+"""The one pipeline for N >= 2 models (two models are the N = 2 case):
+
+    check options and output -> load, check, canonicalise -> data -> align (a registered method)
+    -> evaluate the λ grid / simplex lattice -> report -> export (atomic folder) -> push
+
+Every check that needs no weights runs before the first expensive step.  The Python API
+(``hf_rebasin.merge`` / ``hf_rebasin.barrier``) and the command line both call ``run``."""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__
+from .evaluation import (EvalData, evaluate, evaluate_points, lambda_grid, load_eval_data, plot_path, plot_simplex,
+                      simplex_lattice, worst_excess)
+from .canonical import interpolate
+from .errors import OptionError, RebasinWarning
+from .io import atomic_output_dir, atomic_write, check_output_dir, check_output_file
+from .match import METHODS, Alignment, MatchContext
+from .models import Loaded, canonicalise, check_compatible, check_same_structure, instantiate, load, save
+from .options import DEFAULT_LM_DATA, MergeOptions
+from .report import Report, report_text
+from .requirements import installed_versions
+from .symmetry import Transform, apply
+
+
+@dataclass
+class MergeResult:
+    report: Report | None  # None in the other processes of an `accelerate launch` run (only the main one reports)
+    transforms: list[Transform]  # one per model, acting on its canonical graph
+    out: Path | None = None  # the output folder, when one was written
+
+    @property
+    def barrier(self) -> float:
+        return self.report.barrier
+
+
+def run(models: list[str], options: MergeOptions, *, out: str | Path | None = None, force: bool = False,
+        json_path: str | Path | None = None, push_to: str | None = None, private: bool = False,
+        progress: bool = True, command: str | None = None) -> MergeResult:
+    models = [str(m) for m in models]
+    options.check(len(models))
+    if out is not None:
+        check_output_dir(out, force=force, sources=tuple(models))
+    if json_path is not None:
+        check_output_file(json_path, "--json")
+    if push_to is not None:
+        from .hub import check_push_target
+        check_push_target(push_to)
+    preflight(models, options)
+
+    timings, start = {}, time.perf_counter()
+    loaded = [load(source) for source in models]
+    for other in loaded[1:]:
+        check_compatible(loaded[0], other)
+    graphs = [canonicalise(m) for m in loaded]
+    for k, graph in enumerate(graphs[1:], start=1):
+        check_same_structure(graphs[0], graph, ("model 0", f"model {k}") if len(graphs) > 2 else ("A", "B"))
+    timings["load_s"] = time.perf_counter() - start
+
+    template = loaded[0]
+    data_spec = options.data or (DEFAULT_LM_DATA if template.task == "causal-lm" else None)
+    data = eval_data(data_spec, template, options)
+    context = MatchContext(options, template=template, eval_data=data, progress=progress)
+    method = METHODS[options.method]
+    if method.needs_data:
+        context.match_data = data if (options.match_data or data_spec) == data_spec else eval_data(
+            options.match_data, template, options, flag="--match-data")
+    if method.learned:
+        context.train_data = training_data(options, template, context.match_data, data)
+    start = time.perf_counter()
+    alignment = method.run(graphs, context)
+    timings["match_s"] = time.perf_counter() - start
+    if method.learned:
+        from .match.learned import is_main_process
+        if not is_main_process():
+            return MergeResult(None, alignment.transforms)
+        if context.train_data is data:
+            alignment.settings.setdefault("notes", []).append(
+                "learned matching was trained on the evaluation data itself (no --train-data): the reported barrier "
+                "is an in-sample number")
+
+    aligned = [apply(g, t) for g, t in zip(graphs, alignment.transforms)]
+    report = evaluate_report(models, aligned, alignment, template, data, data_spec, options, timings, progress,
+                             command or equivalent_command(models, options, out))
+    result = MergeResult(report, alignment.transforms)
+    if out is not None:
+        _, merged_at = evaluation_points(len(models), options)
+        result.out = export(Path(out), force, models, aligned, merged_at, alignment, template, report)
+    if json_path is not None:
+        atomic_write(json_path, report_text(report))
+    if push_to is not None:
+        from .hub import push
+        push(result.out, push_to, private=private)
+    return result
+
+
+def preflight(models: list[str], options: MergeOptions) -> None:
+    """The checks that need configs but no weights: every source is a model of one library, the data can be
+    read for it, the window fits its context, a checkpoint to resume from exists."""
+    from .backends import backend_of
+    from .data import check_spec_exists
+    from .models import read_config_json
+    backends = {backend_of(read_config_json(source)).name for source in models}
+    if len(backends) > 1:
+        raise OptionError(f"the models come from different libraries ({', '.join(sorted(backends))}): only models of "
+                          "one architecture can be merged")
+    if backends == {"timm"} and not options.data:
+        raise OptionError("--data is required for image models (an ImageFolder, an .npz or a Hub dataset)")
+    if backends == {"transformers"} and options.seq_len is not None:
+        from transformers import AutoConfig
+        from .adapters import get_adapter
+        from .evaluation import check_seq_len
+        hub_config = read_config_json(models[0])
+        adapter = get_adapter((hub_config.get("architectures") or [""])[0])
+        config = AutoConfig.from_pretrained(models[0])
+        check_seq_len(options.seq_len, Loaded(models[0], adapter, None, config, None, hub_config))
+    for flag, spec in (("--data", options.data), ("--match-data", options.match_data),
+                       ("--train-data", options.train_data)):
+        if spec:
+            check_spec_exists(spec, flag)
+    if options.resume and not Path(options.resume).expanduser().exists():
+        raise OptionError(f"--resume {options.resume}: no such checkpoint file or folder")
+
+
+def eval_data(spec: str | None, template: Loaded, options: MergeOptions, flag: str = "--data") -> EvalData:
+    if spec is None:
+        raise OptionError("--data is required for image models (an ImageFolder, an .npz or a Hub dataset)")
+    return load_eval_data(spec, template, seq_len=options.seq_len, max_tokens=options.max_eval_tokens,
+                          max_examples=options.max_eval_examples, text_field=options.text_field, flag=flag)
+
+
+def training_data(options: MergeOptions, template: Loaded, match_data: EvalData | None, data: EvalData) -> EvalData:
+    """--train-data, else the match data (which is --data unless --match-data was given)."""
+    if options.train_data:
+        return load_eval_data(options.train_data, template, seq_len=options.seq_len,
+                              max_tokens=options.max_train_tokens, max_examples=options.max_train_examples,
+                              text_field=options.text_field, flag="--train-data")
+    if match_data is data:
+        warnings.warn(f"--method {options.method} trains on the evaluation data (--data); pass --train-data with a "
+                      "separate split for an honest held-out barrier", RebasinWarning, stacklevel=2)
+    return match_data
+
+
+# --- the lattice and the report -------------------------------------------------------------------
+
+def evaluation_points(n_models: int, options: MergeOptions) -> tuple[list[tuple[float, ...]], tuple[float, ...]]:
+    """(the points evaluated, the merged point), as weight vectors over the models."""
+    if n_models == 2:
+        alpha = options.merge_alpha()
+        return [(1.0 - lam, lam) for lam in lambda_grid(options.lambda_points())], (1.0 - alpha, alpha)
+    return simplex_lattice(n_models, options.resolution(n_models)), tuple(1.0 / n_models for _ in range(n_models))
+
+
+def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, data: EvalData, data_spec: str,
+                    options: MergeOptions, timings: dict, progress: bool, command: str | None) -> Report:
+    from .cards import source_license
+    n = len(models)
+    weights, merged_at = evaluation_points(n, options)
+    device = options.resolved_device()
+    start = time.perf_counter()
+    results = evaluate_points(aligned, weights, template, data, options.batch_size, device, progress,
+                              desc="barrier" if n == 2 else "simplex")
+    losses = [r["loss"] for r in results]
+    vertices = [weights.index(tuple(1.0 if j == i else 0.0 for j in range(n))) for i in range(n)]
+    endpoint_loss = [losses[k] for k in vertices]
+    excess, worst = worst_excess(weights, losses, endpoint_loss)
+    on_grid = [k for k, w in enumerate(weights) if all(math.isclose(a, b, abs_tol=1e-9) for a, b in zip(w, merged_at))]
+    merged_loss = losses[on_grid[0]] if on_grid else evaluate(
+        instantiate(interpolate(aligned, list(merged_at)), template), data, options.batch_size, device)["loss"]
+    timings["barrier_s"] = time.perf_counter() - start
+
+    metric = "perplexity" if data.task == "causal-lm" else "accuracy"
+    lambdas = [w[1] for w in weights] if n == 2 else [list(w) for w in weights]
+    settings = {**alignment.settings, "batch_size": options.batch_size, "rounds": options.rounds}
+    settings.update({"lambdas": options.lambda_points(), "seq_len": (data.info or {}).get("seq_len"),
+                     "max_eval_tokens": options.max_eval_tokens} if n == 2 else
+                    {"simplex_resolution": options.resolution(n)})
+    licences = {source_license(s) for s in models}
+    notes = list(aligned[0].spec.notes) + alignment.notes + list(alignment.settings.get("notes", []))
+    return Report(
+        method=options.method, models=list(models), lambdas=lambdas, loss=losses, barrier=excess[worst],
+        architecture=template.adapter.architecture, task=data.task, n_models=n,
+        alpha=merged_at[1] if n == 2 else list(merged_at), **{metric: [r[metric] for r in results]},
+        excess=excess, endpoint_loss=endpoint_loss, barrier_lambda=lambdas[worst], merged_loss=merged_loss,
+        method_description=METHODS[options.method].description,
+        data={**(data.info or {}), "spec": data_spec}, settings=settings, match_log=alignment.log, timings=timings,
+        versions=installed_versions(), command=command or equivalent_command(models, options),
+        notes=notes, license=licences.pop() if len(licences) == 1 else None, hf_rebasin_version=__version__)
+
+
+def equivalent_command(models: list[str], options: MergeOptions, out: str | Path | None = None) -> str:
+    """The `hf-rebasin merge` line that repeats an API call (options that differ from their defaults)."""
+    import dataclasses
+    import shlex
+    from .options import flag_of
+    words = ["hf-rebasin", "merge" if out is not None else "barrier", *models]
+    defaults = MergeOptions()
+    for f in dataclasses.fields(MergeOptions):
+        value = getattr(options, f.name)
+        if value == getattr(defaults, f.name):
+            continue
+        words += [flag_of(f)] if value is True else [flag_of(f), str(value)]
+    return shlex.join(words + (["--out", str(out)] if out is not None else []))
+
+
+# --- the output folder ------------------------------------------------------------------------------
+
+def transforms_tensors(transforms: list[Transform]) -> dict:
+    """transforms.safetensors: two models under a. and b., N models under 0., 1., ..."""
+    names = ["a", "b"] if len(transforms) == 2 else [str(k) for k in range(len(transforms))]
+    return {f"{name}.{key}": value for name, t in zip(names, transforms) for key, value in t.to_tensors().items()}
+
+
+def export(out: Path, force: bool, models: list[str], aligned, merged_at, alignment: Alignment, template: Loaded,
+           report: Report) -> Path:
+    from safetensors.torch import save_file
+    from .cards import write_card
+    with atomic_output_dir(out, force=force, sources=tuple(models)) as tmp:
+        start = time.perf_counter()
+        save(instantiate(interpolate(aligned, list(merged_at)), template), template, tmp)
+        save_file(transforms_tensors(alignment.transforms), str(tmp / "transforms.safetensors"),
+                  metadata={"method": report.method})
+        report.timings["export_s"] = time.perf_counter() - start
+        atomic_write(tmp / "barrier.json", report_text(report))
+        if len(models) == 2:
+            names = " × ".join(Path(m).name for m in models)
+            plot_path({report.method: report.to_dict()}, tmp / "barrier.png", f"{names}  ({report.method})")
+        else:
+            plot_simplex(report.to_dict(), tmp / "barrier.png", models)
+        write_card(tmp, model_name=out.name)
+    return out.expanduser().absolute()
+
+
+def demo(out: str | Path = "runs/demo", *, progress: bool = True) -> dict[str, Report]:
+    """The README's main job: merge the bundled example pair offline, raw and weight matching."""
+    from .assets import example_pair
+    pair = example_pair()
+    reports = {}
+    for method in ("raw", "wm"):
+        options = MergeOptions(method=method, data=str(pair / "heldout.txt"), seq_len=128, max_eval_tokens=16384)
+        target = Path(out) / method
+        result = run([str(pair / "model-a"), str(pair / "model-b")], options, out=target,
+                     force=(target / "barrier.json").is_file(), progress=progress)
+        reports[method] = result.report
+    return reports
