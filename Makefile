@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test inspect
+.PHONY: install demo test lint
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,3 +20,6 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check hf_rebasin tests benchmarks examples

@@ -22,39 +22,42 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 PAPER = {"raw": 2.02, "am": 1.43, "wm": 0.34}  # Theus et al. Table 2, Tiny Shakespeare (their model and split)
 
 
-def barrier_args(pair: dict, models: list[str], method: str, seq_len: int | None, max_tokens: int,
-                 learned: list[str]):
-    """The parsed `hf-rebasin barrier` command for models of a pair: test split, am on the validation
-    split, lm/dual trained on the train split."""
+def barrier_options(pair: dict, method: str, seq_len: int | None, max_tokens: int, learned: list[str]):
+    """The options of `hf-rebasin barrier` for models of a pair: test split, am on the validation split, lm/dual
+    trained on the train split (`learned`: extra merge flags for lm/dual, parsed like the command line's)."""
     from hf_rebasin.cli import build_parser
-    argv = ["barrier", *models, "--method", method, "--data", pair["test_data"], "--match-data", pair["val_data"],
+    from hf_rebasin.options import MergeOptions, from_namespace
+    argv = ["barrier", "A", "B", "--method", method, "--data", pair["test_data"], "--match-data", pair["val_data"],
             "--max-eval-tokens", str(max_tokens)]
     if seq_len:
         argv += ["--seq-len", str(seq_len)]
     if method in ("lm", "dual"):
         argv += ["--train-data", pair["train_data"], *learned]
-    args = build_parser().parse_args(argv)
-    args.argv = argv
-    return args
+    return from_namespace(MergeOptions, build_parser().parse_args(argv))
+
+
+def measure(models: list[str], options) -> tuple[dict, float]:
+    from hf_rebasin.pipeline import run
+    start = time.perf_counter()
+    report = run(models, options).report.to_dict()
+    return report, time.perf_counter() - start
 
 
 def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int,
              learned: list[str] = ()) -> list[dict]:
     import pairs
-    from hf_rebasin.merge import align, path_report
     pair = pairs.get_pair(name)
     rows = []
     for method in methods:
-        args = barrier_args(pair, [pair["model_a"], pair["model_b"]], method, seq_len, max_tokens, learned)
-        start = time.perf_counter()
-        report = path_report(args, *align(args))
+        report, seconds = measure([pair["model_a"], pair["model_b"]],
+                                  barrier_options(pair, method, seq_len, max_tokens, learned))
         metric = "perplexity" if report["task"] == "causal-lm" else "accuracy"
         mid = report["lambdas"].index(0.5)
         rows.append({"pair": name, "method": method, "barrier": report["barrier"],
                      "loss_a": report["endpoint_loss"][0], "loss_b": report["endpoint_loss"][1],
                      "loss_mid": report["loss"][mid], "metric": metric,
                      "metric_a": report[metric][0], "metric_b": report[metric][-1], "metric_mid": report[metric][mid],
-                     "match_s": report["timings"]["match_s"], "total_s": time.perf_counter() - start,
+                     "match_s": report["timings"]["match_s"], "total_s": seconds,
                      "rounds": max(0, sum("distance" in e for e in report.get("match_log") or []) - 1)})
         print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
@@ -64,23 +67,20 @@ def run_three_way(name: str, methods: list[str], seq_len: int | None, max_tokens
                   learned: list[str] = ()) -> list[dict]:
     """Models of seeds 0, 1 and 2 of a pair; barrier = worst excess over the simplex lattice (resolution 6)."""
     import pairs
-    from hf_rebasin.merge_many import align_all, simplex_report
     pair = pairs.get_pair(name)
     models = [pair["model_a"], pair["model_b"], pairs.extra_model(name, 2)]
     rows = []
     for method in methods:
-        args = barrier_args(pair, models, method, seq_len, max_tokens, learned)
-        start = time.perf_counter()
-        loaded, graphs, _, log, data, spec, timings, settings = align_all(args)
-        report = simplex_report(args, loaded, graphs, log, data, spec, timings, settings)
+        report, seconds = measure(models, barrier_options(pair, method, seq_len, max_tokens, learned))
         metric = "perplexity" if report["task"] == "causal-lm" else "accuracy"
         centre = report["lambdas"].index(report["alpha"]) if report["alpha"] in report["lambdas"] else None
         rows.append({"pair": f"{name} (3 seeds)", "method": method, "barrier": report["barrier"],
                      "loss_a": report["endpoint_loss"][0], "loss_b": report["endpoint_loss"][1],
                      "loss_c": report["endpoint_loss"][2], "loss_mid": report["merged_loss"], "metric": metric,
-                     "metric_a": report[metric][0], "metric_b": report[metric][report["lambdas"].index([0.0, 1.0, 0.0])],
+                     "metric_a": report[metric][0],
+                     "metric_b": report[metric][report["lambdas"].index([0.0, 1.0, 0.0])],
                      "metric_mid": report[metric][centre] if centre is not None else float("nan"),
-                     "match_s": report["timings"]["match_s"], "total_s": time.perf_counter() - start})
+                     "match_s": report["timings"]["match_s"], "total_s": seconds})
         print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 
@@ -106,7 +106,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     parser.add_argument("--three-way", default="", help="pairs to also merge three ways (a third seed is trained)")
     parser.add_argument("--three-way-methods", default="wm,dual")
-    parser.add_argument("--learned-args", default="", help="extra merge flags for lm/dual, e.g. '--steps 200 --lr 1e-2'")
+    parser.add_argument("--learned-args", default="",
+                        help="extra merge flags for lm/dual, e.g. '--steps 200 --lr 1e-2'")
     args = parser.parse_args()
     rows = []
     for name in filter(None, args.pairs.split(",")):

@@ -30,8 +30,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from hf_rebasin.data import read_images, read_texts, split_text, token_windows  # noqa: E402
-from hf_rebasin.training import (causal_lm_loss, classifier_metrics, save_lm, save_vit, train_causal_lm,  # noqa: E402
-                                 train_vit)
+from hf_rebasin.training import causal_lm_loss, classifier_metrics, save_lm, save_vit, train_causal_lm, train_vit  # noqa: E402
 
 SHARED_DATA = REPO.parent / "shared" / "data"
 SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
@@ -138,7 +137,8 @@ def build_lm_pair(name: str, folder: Path, progress: bool) -> dict:
         write_atomic_bytes(folder / f"{split}.txt", lambda path, part=part: path.write_text(part, encoding="utf-8"))
     seq_len = settings["seq_len"]
     windows = {split: token_windows(read_texts(str(folder / f"{split}.txt")), tokenizer, seq_len) for split in SPLITS}
-    metrics: dict = {"tokens": {split: int(w.numel()) for split, w in windows.items()}, "ln_vocab": math.log(len(tokenizer))}
+    metrics: dict = {"tokens": {split: int(w.numel()) for split, w in windows.items()},
+                     "ln_vocab": math.log(len(tokenizer))}
     for key, seed in SEEDS.items():
         start = time.perf_counter()
         model = train_lm_seed(settings, tokenizer, windows["train"], seed, folder / FOLDERS[key], progress)
@@ -256,7 +256,8 @@ def describe(name: str, pair: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Train (once, cached) and print the benchmark pairs.")
     parser.add_argument("names", nargs="+", metavar="NAME", help=f"pair names: {', '.join(PAIRS)}")
-    parser.add_argument("--cache-dir", default="runs/pairs", help="cache folder (default runs/pairs, from the repo root)")
+    parser.add_argument("--cache-dir", default="runs/pairs",
+                        help="cache folder (default runs/pairs, from the repo root)")
     parser.add_argument("--retrain", action="store_true", help="train again even when a cached pair exists")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     args = parser.parse_args(argv)

@@ -47,6 +47,7 @@ def make_pair(config_name: str, folder: Path) -> None:
 def build_step(mode: str, folder: Path, batch: int, seq: int, device: str):
     """A closure running one step of the mode: plain forward + backward of model A, or a dual / lm step."""
     import torch
+
     from hf_rebasin import models
     from hf_rebasin.match.learned import PathLoss
     from hf_rebasin.match.params import SymmetryParams
@@ -66,10 +67,10 @@ def build_step(mode: str, folder: Path, batch: int, seq: int, device: str):
             model.zero_grad(set_to_none=True)
         return step
     graph_a, graph_b = models.canonicalise(a), models.canonicalise(models.load(folder / "m1"))
-    ends = {"b": SymmetryParams(graph_b.spec)}
+    ends = {"1": SymmetryParams(graph_b.spec)}
     if mode == "dual":
-        ends["a"] = SymmetryParams(graph_a.spec)
-    path = PathLoss(graph_a, graph_b, ends, a, "causal-lm", autocast).to_device(device)
+        ends["0"] = SymmetryParams(graph_a.spec)
+    path = PathLoss([graph_a, graph_b], ends, a, "causal-lm", autocast).to_device(device)
     params = list(path.parameters())
 
     def step():
@@ -179,7 +180,8 @@ def main() -> int:
     t = results["timing"]
     mib = lambda b: b / 2**20  # noqa: E731
     ms = lambda mode: f"{t[mode]['min_s'] * 1e3:.0f} ({t[mode]['median_s'] * 1e3:.0f})"  # noqa: E731
-    ratio = lambda mode: f"{t[mode]['min_s'] / t['plain']['min_s']:.2f} ({t[mode]['median_s'] / t['plain']['median_s']:.2f})"  # noqa: E731
+    def ratio(mode: str) -> str:
+        return f"{t[mode]['min_s'] / t['plain']['min_s']:.2f} ({t[mode]['median_s'] / t['plain']['median_s']:.2f})"
     memory_kind = "CUDA max allocated" if device.startswith("cuda") else "peak RSS"
     where = device if device.startswith("cuda") else f"cpu, {args.threads} thread(s)"
     params = sum(p.numel() for p in __import__("transformers").GPTNeoXForCausalLM(
@@ -188,7 +190,8 @@ def main() -> int:
     print(f"| model | device | batch × seq | plain f+b, ms | dual step, ms | dual ratio | lm step, ms | lm ratio | "
           f"{memory_kind}, MiB: plain / dual / lm | saved for backward, MiB: plain / dual / lm |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    print(f"| {args.config} shape, {params:.1f}M params | {where} | {args.batch} × {args.seq} | {ms('plain')} | {ms('dual')} | "
+    print(f"| {args.config} shape, {params:.1f}M params | {where} | {args.batch} × {args.seq} | {ms('plain')} | "
+          f"{ms('dual')} | "
           f"{ratio('dual')} | {ms('lm')} | {ratio('lm')} | "
           + " / ".join(f"{mib(results[m]['peak_bytes']):.0f}" for m in MODES) + " | "
           + " / ".join(f"{mib(results[m]['saved_bytes']):.0f}" for m in MODES) + " |")

@@ -37,7 +37,8 @@ def random_graph(config, seed: int):
     import torch
     from transformers import GPTNeoXForCausalLM
     from transformers.initialization import no_init_weights
-    from hf_rebasin.adapters import gpt_neox
+
+    from hf_rebasin.adapters import get_adapter
     with no_init_weights():
         model = GPTNeoXForCausalLM(config)
     gen = torch.Generator().manual_seed(seed)
@@ -49,11 +50,12 @@ def random_graph(config, seed: int):
                 param.normal_(0.0, 0.02, generator=gen)
     state = {k: v for k, v in model.state_dict().items()}
     del model
-    return gpt_neox.to_canonical(state, config)
+    return get_adapter("GPTNeoXForCausalLM").to_canonical(state, config)
 
 
 def run_one(name: str, rounds: int) -> dict:
     import torch
+
     from hf_rebasin.match.weight import weight_matching
     from hf_rebasin.symmetry import apply
     config = pythia_config(name)
@@ -89,7 +91,8 @@ def main() -> None:
                              check=True, stdout=subprocess.PIPE, text=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), file=sys.stderr)
-    print("| config | params (canonical) | rounds | build+canonicalise s | match s | s/round | apply s | peak RSS GiB |")
+    print("| config | params (canonical) | rounds | build+canonicalise s | match s | s/round | apply s | "
+          "peak RSS GiB |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| pythia-{r['config']} | {r['params'] / 1e6:.0f}M | {r['rounds']} | {r['build_canonical_s']:.1f} | "

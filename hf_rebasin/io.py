@@ -13,6 +13,7 @@ Output folders and files follow the umask, like any file the user makes."""
 from __future__ import annotations
 
 import ctypes
+import glob
 import os
 import shutil
 import tempfile
@@ -52,12 +53,30 @@ def _staging_dir(target: Path, kind: str) -> Path:
     return tmp
 
 
+def follow_umask(folder: Path) -> None:
+    """Give every file and folder under `folder` the mode a new one gets from the umask (some writers, such as
+    safetensors, make their files private)."""
+    mask = current_umask()
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def remove_stale_staging(target: Path) -> None:
-    """Remove temporary siblings of target left by hf-rebasin processes that no longer run (killed ones)."""
-    for sibling in target.parent.glob(f".{target.name}{STAGING_TAG}*"):
-        pid = sibling.name[len(target.name) + 1 + len(STAGING_TAG):].split("-", 1)[0]
-        if pid.isdigit() and not _running(int(pid)):
-            shutil.rmtree(sibling, ignore_errors=True) if sibling.is_dir() else sibling.unlink(missing_ok=True)
+    """Remove temporary siblings of target left by hf-rebasin processes that no longer run (killed ones).
+    A replacement without renameat2 moves the old output aside (kind "old") before the new one takes its place:
+    if that process was killed between the two renames, the old output is put back, never removed."""
+    prefix = f".{target.name}{STAGING_TAG}"
+    for sibling in sorted(target.parent.glob(f"{glob.escape(prefix)}*")):
+        pid, _, kind = sibling.name[len(prefix):].partition("-")
+        if not pid.isdigit() or _running(int(pid)):
+            continue
+        if kind.startswith("old-") and sibling.is_dir() and not os.path.lexists(target):
+            sibling.rename(target)
+        elif sibling.is_dir():
+            shutil.rmtree(sibling, ignore_errors=True)
+        else:
+            sibling.unlink(missing_ok=True)
 
 
 def _running(pid: int) -> bool:
@@ -114,6 +133,7 @@ def atomic_output_dir(out: str | Path, *, force: bool = False, sources: tuple = 
     tmp = _staging_dir(out, "new")
     try:
         yield tmp
+        follow_umask(tmp)
         replace_dir(tmp, out)
     finally:
         if tmp.exists():

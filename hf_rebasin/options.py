@@ -163,7 +163,7 @@ class MergeOptions:
             problems.append(f"--max-train-tokens {self.max_train_tokens} is smaller than --seq-len {self.seq_len}")
         if self.warmup is not None and self.warmup >= self.steps:
             problems.append(f"--warmup must be in [0, --steps), got {self.warmup} with --steps {self.steps}")
-        if self.learn_batch_size % (self.grad_accum * num_processes):
+        if self.grad_accum >= 1 and self.learn_batch_size % (self.grad_accum * num_processes):  # 0: a range problem
             problems.append(f"--learn-batch-size {self.learn_batch_size} is not divisible by --grad-accum "
                             f"({self.grad_accum}) × processes ({num_processes}); every micro-batch must have the same size")
         problems += device_problems(self.device, "--device")

@@ -124,6 +124,9 @@ def preflight(models: list[str], options: MergeOptions) -> None:
             check_spec_exists(spec, flag)
     if options.resume and not Path(options.resume).expanduser().exists():
         raise OptionError(f"--resume {options.resume}: no such checkpoint file or folder")
+    if options.resume and Path(options.resume).expanduser().is_file():  # readable, and a checkpoint at all
+        from .match.train_loop import read_checkpoint
+        read_checkpoint(Path(options.resume).expanduser())
 
 
 def eval_data(spec: str | None, template: Loaded, options: MergeOptions, flag: str = "--data") -> EvalData:

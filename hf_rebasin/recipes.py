@@ -150,13 +150,10 @@ def from_current_folder(key: tuple[str, ...], value):
 
 # --- checking: keys and YAML types, then the ranges and checks of the typed options --------------------
 
-def did_you_mean(word, choices, cutoff: float = 0.6) -> str:
-    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=cutoff)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def unknown_key(where: str, key, allowed) -> str:
-    return f"unknown field {where}{key!r}{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}"
+    close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown field {where}{key!r}{hint}; allowed: {', '.join(allowed)}"
 
 
 def type_problem(where: str, value, expected) -> str | None:
@@ -263,8 +260,9 @@ def check_fields(fields: dict) -> list[str]:
                      for i, m in enumerate(models) if not isinstance(m, str) or not m.strip()]
     method = fields.get("method")
     if isinstance(method, str) and method not in METHODS:
-        problems.append(f"unknown method {method!r}{did_you_mean(method, METHODS, 0.5)}; "
-                        f"choose one of {', '.join(METHODS)}")
+        close = difflib.get_close_matches(method, list(METHODS), n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        problems.append(f"unknown method {method!r}{hint}; choose one of {', '.join(METHODS)}")
     # the blocks to check (merge: also when left out, all defaults); the others are absent, or not mappings (said above)
     blocks = [step for step in STEPS if isinstance(fields.get(step), dict) or step == "merge" and not fields.get(step)]
     for step in blocks:

@@ -222,7 +222,7 @@ CUDA_DEVICE = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() e
 REFUSED_OPTIONS = [  # (extra argv, number of models, what the message must name)
     (["--seq-len", "1"], 2, ["--seq-len"]),
     (["--seq-len", "0"], 2, ["--seq-len"]),
-    (["--seq-len", "100000"], 2, ["--seq-len", "context"]),  # longer than the model's context: from its config
+    (["--seq-len", "4096"], 2, ["--seq-len", "context"]),  # longer than the model's context: from its config
     (["--batch-size", "0"], 2, ["--batch-size"]),
     (["--method", "am", "--am-batches", "0"], 2, ["--am-batches"]),
     (["--simplex-resolution", "0"], 3, ["--simplex-resolution"]),

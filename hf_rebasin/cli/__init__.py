@@ -18,9 +18,17 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors (an unknown choice, a value of the wrong type, a missing argument) are one line
+    and exit code 2, like every other bad input, instead of the whole usage block; sub-parsers inherit it."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import commands
-    parser = argparse.ArgumentParser(prog="hf-rebasin", description=DESCRIPTION)
+    parser = Parser(prog="hf-rebasin", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"hf-rebasin {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in commands.REGISTER:
@@ -45,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
     warnings.showwarning = _show_warning
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe (`| head`) shows here, inside the handler below, not at exit
+        return code
     except UserError as error:
         print(f"hf-rebasin {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -14,6 +14,7 @@ import yaml
 from .. import recipes
 from ..errors import UserError
 from ..recipes import RECIPE_COPY, STEPS, Recipe, shown
+from . import EXIT_BAD_INPUT, EXIT_INTERRUPTED, main
 
 
 def shell(argv: list[str]) -> str:
@@ -75,7 +76,6 @@ def check_before_running(recipe: Recipe, steps: dict, args) -> None:
 
 def run_step(number: int, total: int, step: str, argv: list[str]) -> int:
     """Run one step as the ordinary command, in this process; its exit code."""
-    from . import EXIT_BAD_INPUT, main
     print(f"== step {number}/{total}: {step}: {shell(argv)}", flush=True)
     try:
         return int(main(argv) or 0)
@@ -87,7 +87,6 @@ def run_step(number: int, total: int, step: str, argv: list[str]) -> int:
 
 
 def failure_message(step: str, argv: list[str], recipe: Recipe, args, steps: dict, code: int) -> str:
-    from . import EXIT_INTERRUPTED
     what = "was interrupted" if code == EXIT_INTERRUPTED else "failed (see the error above)"
     if step == "merge":
         return (f"hf-rebasin run: step merge {what}; nothing was written to {shown(recipe.out)}. "
@@ -122,7 +121,6 @@ def compare_with_paper(recipe: Recipe) -> None:
 
 
 def run_command(args) -> int:
-    from . import EXIT_BAD_INPUT, EXIT_INTERRUPTED
     if args.list:
         return print_list()
     if not args.recipe:
@@ -153,9 +151,10 @@ def run_command(args) -> int:
 
 
 def register(subparsers) -> None:
+    from ..recipes import __doc__ as about  # the recipe format (imported at each call: a broken module fails here)
     parser = subparsers.add_parser(
         "run", help="run a YAML recipe: merge, then eval and push when the recipe has those blocks",
-        description=recipes.__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=about.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", nargs="?", metavar="RECIPE",
                         help="a recipe file, or the name of a bundled recipe (pythia-1b -> recipes/pythia-1b.yaml)")
     parser.add_argument("--list", action="store_true", help="list the bundled recipes and exit")

@@ -121,21 +121,32 @@ def _newest_checkpoint(folder: Path, tag: str) -> Path:
     raise UserError(f"--resume {folder}: the folder holds no checkpoint (*-stepNNNNNNN.pt)")
 
 
+def read_checkpoint(path: str | Path) -> dict:
+    """A checkpoint file's content (UserError, one line, if it is not one); no check of what it belongs to."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--resume {path}: no such checkpoint file")
+    try:
+        with warnings.catch_warnings():  # torch warns about the pickle protocol of a foreign file
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any unreadable file is the same user problem
+        text = str(error)  # torch wraps the reason in paragraphs of weights_only advice: keep the reason
+        reason = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n")[0] \
+            if "WeightsUnpickler error:" in text else (text.strip().splitlines() or [""])[0]
+        raise UserError(f"--resume {path} is not a readable checkpoint ({type(error).__name__}: "
+                        f"{' '.join(reason.split())})") from error
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise UserError(f"--resume {path} is not a hf-rebasin learned-matching checkpoint")
+    return state
+
+
 def load_checkpoint(path: str | Path, fingerprint: dict) -> dict:
     """Read a checkpoint and check it belongs to these models, data and settings (UserError if not)."""
     path = Path(path)
     if path.is_dir():
         path = _newest_checkpoint(path, run_tag(fingerprint["settings"]["method"], fingerprint))
-    if not path.is_file():
-        raise UserError(f"--resume {path}: no such checkpoint file")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any unreadable file is the same user problem
-        first_line = (str(error).strip().splitlines() or [""])[0]  # torch adds paragraphs of weights_only advice
-        raise UserError(f"--resume {path} is not a readable checkpoint "
-                        f"({type(error).__name__}: {first_line})") from error
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise UserError(f"--resume {path} is not a hf-rebasin learned-matching checkpoint")
+    state = read_checkpoint(path)
     saved = state["fingerprint"]
     problems = []
     if saved["models"] != fingerprint["models"]:

@@ -1,0 +1,306 @@
+"""Fault injection (issue 13): `hf-rebasin` is interrupted with SIGINT (Ctrl-C) or SIGKILL at seeded random
+moments of a merge, a --force replacement, a learned run with checkpoints and a push.  After each interruption
+the sources, the previous output and every checkpoint are intact, the output is either absent / the old one or a
+complete new one, and the next run succeeds (or resumes) and leaves no staging folder behind.
+
+The moments are stratified over the duration of one uninterrupted run of the same command (measured first), with
+seeded jitter, and the signals alternate in a seeded order: the same points on every run of the suite up to the
+machine's speed.  The counts below are the numbers of interruption points per scenario."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_rebasin import models, tiny
+from hf_rebasin.io import STAGING_TAG
+from hf_rebasin.match.train_loop import CHECKPOINT_FORMAT
+
+import corpus
+from conftest import REPO
+from hub_server import TOKEN, FakeHub
+
+SEED = 13
+MERGE_POINTS = 8  # a first merge (no output yet)
+FORCE_POINTS = 4  # a --force replacement of an earlier output
+LEARNED_POINTS = 3  # a learned run (--method dual) writing checkpoints
+PUSH_POINTS = 3  # a push to the (fake) Hub
+DOUBLE_SIGINT = "SIGINT twice"  # Ctrl-C, then Ctrl-C again at once: abort without waiting for the step
+LEARNED_STEPS, CHECKPOINT_EVERY = 40, 8
+RUN_TIMEOUT_S = 180  # one run; a run that outlives it hangs
+HF_REBASIN = REPO / ".venv" / "bin" / "hf-rebasin"
+OUTPUT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "barrier.json", "barrier.png",
+                "transforms.safetensors", "README.md")
+
+
+# --- running and interrupting -----------------------------------------------------------------------
+
+def base_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_HOME=str(home),
+               HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_VERBOSITY="error")
+    return env
+
+
+def run_to_end(args: list, env: dict) -> float:
+    """Run hf-rebasin to the end (it must succeed); return its wall time."""
+    start = time.monotonic()
+    done = subprocess.run([str(HF_REBASIN), *map(str, args)], env=env, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, f"{args}\n{done.stderr[-3000:]}"
+    return time.monotonic() - start
+
+
+def interrupt(args: list, env: dict, delay: float, how) -> tuple[int, str]:
+    """Start hf-rebasin, send `how` (a signal, or DOUBLE_SIGINT) after `delay` s; return (exit code, stderr)."""
+    proc = subprocess.Popen([str(HF_REBASIN), *map(str, args)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        proc.wait(timeout=delay)  # it may finish first: then the point lies after the end
+    except subprocess.TimeoutExpired:
+        if how == DOUBLE_SIGINT:
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+        else:
+            proc.send_signal(how)
+    try:
+        _, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"hf-rebasin did not stop within {RUN_TIMEOUT_S} s of {how} at {delay:.2f} s") from None
+    code = proc.returncode
+    if how == signal.SIGKILL:
+        assert code in (0, -signal.SIGKILL), (code, err[-3000:])
+    else:  # Ctrl-C: exit code 130 with one line; during the imports Python's own KeyboardInterrupt
+        assert code in (0, 130, -signal.SIGINT), (code, err[-3000:])
+        if code == 130:
+            assert "interrupted; nothing was left half-written" in err.strip().splitlines()[-1], err[-3000:]
+    return code, err
+
+
+def schedule(duration: float, n: int, rng: random.Random, kinds=(signal.SIGINT, signal.SIGKILL),
+             start: float = 0.0) -> list[tuple[float, object]]:
+    """n moments stratified over [start, duration) with seeded jitter, each with a signal (balanced, shuffled)."""
+    span = duration - start
+    delays = [start + span * (k + rng.random()) / n for k in range(n)]
+    signals = [kinds[k % len(kinds)] for k in range(n)]
+    rng.shuffle(signals)
+    return list(zip(delays, signals))
+
+
+# --- what must hold ---------------------------------------------------------------------------------
+
+def tree_hashes(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def staging(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if STAGING_TAG in p.name)
+
+
+def assert_complete_output(out: Path, method: str) -> None:
+    """Every file of a merge output, barrier.json parses and names the method, the model and transforms load."""
+    for name in OUTPUT_FILES:
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    report = json.loads((out / "barrier.json").read_text())
+    assert report["method"] == method and len(report["loss"]) == len(report["lambdas"])
+    assert models.load(out).model is not None
+    assert load_file(out / "transforms.safetensors")
+    assert not [p.name for p in out.rglob("*") if p.name.endswith((".tmp", ".partial")) or STAGING_TAG in p.name]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Two tiny GPT-NeoX models, held-out and training text: the sources every run reads."""
+    root = tmp_path_factory.mktemp("sources")
+    tiny.make_tiny("gpt_neox", root / "model-a", seed=1)
+    tiny.make_tiny("gpt_neox", root / "model-b", seed=2)
+    (root / "heldout.txt").write_text(corpus.heldout_text(20000))
+    (root / "train.txt").write_text(corpus.train_text(20000))
+    return root
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return base_env(tmp_path_factory.mktemp("hf_home"))
+
+
+def merge_args(pair: Path, out: Path, method: str, *extra) -> list:
+    return ["merge", pair / "model-a", pair / "model-b", "--method", method, "--out", out, "--data",
+            pair / "heldout.txt", "--seq-len", "32", "--max-eval-tokens", "1024", "--lambdas", "5", *extra]
+
+
+@pytest.fixture(scope="module")
+def reference(pair, env, tmp_path_factory):
+    """One uninterrupted wm merge: its duration and its output (the folder the push scenario uploads)."""
+    out = tmp_path_factory.mktemp("reference") / "merged"
+    duration = run_to_end(merge_args(pair, out, "wm"), env)
+    assert_complete_output(out, "wm")
+    return duration, out
+
+
+# --- the scenarios ----------------------------------------------------------------------------------
+
+def test_interrupted_first_merge(pair, env, reference, tmp_path):
+    """A merge into a new folder: after the kill the folder is absent or a complete output."""
+    sources = tree_hashes(pair)
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "out"
+    args = merge_args(pair, out, "wm")
+    seen = {"absent": 0, "complete": 0}
+    for delay, how in schedule(reference[0], MERGE_POINTS, random.Random(SEED)):
+        if out.exists():
+            shutil.rmtree(out)
+        interrupt(args, env, delay, how)
+        assert tree_hashes(pair) == sources, (delay, how)
+        if out.exists():
+            assert_complete_output(out, "wm")
+            seen["complete"] += 1
+        else:
+            seen["absent"] += 1
+        run_to_end([*args, "--force"] if out.exists() else args, env)
+        assert_complete_output(out, "wm")
+        assert staging(work) == [] and sorted(p.name for p in work.iterdir()) == ["out"], (delay, how)
+    assert tree_hashes(pair) == sources and sum(seen.values()) == MERGE_POINTS
+
+
+def test_interrupted_force_replacement(pair, env, reference, tmp_path):
+    """--force over an earlier output: after the kill the old output is byte-identical or the new one complete."""
+    sources = tree_hashes(pair)
+    work = tmp_path / "work"
+    work.mkdir()
+    pristine = tmp_path / "pristine"
+    run_to_end(merge_args(pair, pristine, "raw"), env)
+    old = tree_hashes(pristine)
+    out = work / "out"
+    args = merge_args(pair, out, "wm", "--force")
+    for delay, how in schedule(reference[0], FORCE_POINTS, random.Random(SEED + 1)):
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(pristine, out)
+        interrupt(args, env, delay, how)
+        assert tree_hashes(pair) == sources, (delay, how)
+        assert out.is_dir(), (delay, how)
+        if tree_hashes(out) != old:
+            assert_complete_output(out, "wm")  # the swap happened: the new output, whole
+        run_to_end(args, env)
+        assert_complete_output(out, "wm")
+        assert staging(work) == [] and sorted(p.name for p in work.iterdir()) == ["out"], (delay, how)
+    assert tree_hashes(pair) == sources and tree_hashes(pristine) == old
+
+
+def checkpoints(folder: Path) -> dict[str, str]:
+    """{name: sha256} of the checkpoints in folder, each checked to load as one."""
+    found = {}
+    for path in sorted(folder.glob("*.pt")) if folder.exists() else []:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        assert state["format"] == CHECKPOINT_FORMAT and state["step"] >= 1, path.name
+        found[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def test_interrupted_learned_run_resumes(pair, env, tmp_path):
+    """--method dual with checkpoints, interrupted: every checkpoint written loads and stays as it was, and
+    --resume finishes with the transforms of an uninterrupted run."""
+    sources = tree_hashes(pair)
+
+    def args(out: Path, ckpt: Path, *extra) -> list:
+        return merge_args(pair, out, "dual", "--steps", LEARNED_STEPS, "--checkpoint-every", CHECKPOINT_EVERY,
+                          "--checkpoint-dir", ckpt, "--train-data", pair / "train.txt", "--learn-batch-size", "8",
+                          "--eval-every", "0", "--lr", "1e-2", *extra)
+
+    # the uninterrupted run: its duration, when its first checkpoint appears, and its transforms
+    whole, whole_ckpt = tmp_path / "whole", tmp_path / "whole-ckpt"
+    start = time.monotonic()
+    proc = subprocess.Popen([str(HF_REBASIN), *map(str, args(whole, whole_ckpt))], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first_checkpoint = None
+    while proc.poll() is None:
+        if first_checkpoint is None and whole_ckpt.exists() and any(whole_ckpt.glob("*.pt")):
+            first_checkpoint = time.monotonic() - start
+        time.sleep(0.02)
+    assert proc.returncode == 0, proc.stderr.read()[-3000:]
+    duration = time.monotonic() - start
+    assert first_checkpoint is not None and len(checkpoints(whole_ckpt)) == LEARNED_STEPS // CHECKPOINT_EVERY
+    expected = load_file(whole / "transforms.safetensors")
+    # the moments: over training, from a little before the first checkpoint to the end
+    rng = random.Random(SEED + 2)
+    points = schedule(duration, LEARNED_POINTS, rng, (signal.SIGINT, signal.SIGKILL, DOUBLE_SIGINT),
+                      start=0.8 * first_checkpoint)
+    resumed = 0
+    for k, (delay, how) in enumerate(points):
+        work = tmp_path / f"run{k}"
+        work.mkdir()
+        out, ckpt = work / "out", work / "ckpt"
+        code, err = interrupt(args(out, ckpt), env, delay, how)
+        assert tree_hashes(pair) == sources, (delay, how)
+        written = checkpoints(ckpt)
+        if how == signal.SIGINT and code == 130 and "saved" in err:  # the first Ctrl-C saves the step it finished
+            assert written, err
+        if out.exists():
+            assert_complete_output(out, "dual")
+        again = args(out, ckpt, *(["--resume", ckpt] if written else []), *(["--force"] if out.exists() else []))
+        run_to_end(again, env)
+        resumed += bool(written)
+        assert_complete_output(out, "dual")
+        after = checkpoints(ckpt)
+        assert {name: after.get(name) for name in written} == written, (delay, how)  # untouched
+        assert not list(ckpt.glob("*.partial")), (delay, how)
+        got = load_file(out / "transforms.safetensors")
+        assert got.keys() == expected.keys() and all(torch.equal(got[key], expected[key]) for key in got), \
+            (delay, how)  # resumed or restarted, the same trajectory as the uninterrupted run
+        assert staging(work) == [], (delay, how)
+    assert tree_hashes(pair) == sources and resumed >= 1
+
+
+@pytest.fixture
+def hub():
+    with FakeHub(lifetime_s=240) as server:
+        yield server
+
+
+def test_interrupted_push(reference, hub, tmp_path):
+    """push killed mid-run: the folder is unchanged (its card is replaced only once the upload succeeded, by the
+    card that was published), and `push --exist-ok` afterwards succeeds."""
+    from hf_rebasin.hub import publishable_report
+    home = tmp_path / "hf_home"
+    env = {**base_env(home), "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": TOKEN,
+           "HF_HUB_CACHE": str(home / "hub"), "TRANSFORMERS_OFFLINE": "0"}
+    parent = tmp_path / "outputs"
+    parent.mkdir()
+    folder = parent / "merged"
+    shutil.copytree(reference[1], folder)
+    duration = run_to_end(["push", folder, "someuser/reliable-baseline"], env)
+    for k, (delay, how) in enumerate(schedule(duration, PUSH_POINTS, random.Random(SEED + 3))):
+        repo = f"someuser/reliable-{k}"
+        before = tree_hashes(folder)
+        interrupt(["push", folder, repo], env, delay, how)
+        after = tree_hashes(folder)
+        published = hub.files(repo) if repo in hub.repos else {}
+        changed = {name for name in set(before) | set(after) if before.get(name) != after.get(name)}
+        assert changed <= {"README.md"}, (delay, how, changed)
+        if changed:  # the upload went through: the folder's card is the published one
+            assert (folder / "README.md").read_bytes() == published["README.md"], (delay, how)
+        run_to_end(["push", folder, repo, "--exist-ok"], env)
+        remote = hub.files(repo)
+        local = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+        assert set(remote) == set(local) | {".gitattributes"}, (delay, how)
+        assert all(remote[name] == content for name, content in local.items() if name != "barrier.json")
+        assert remote["barrier.json"] == publishable_report(folder).encode()
+        assert tree_hashes(folder).keys() == before.keys()
+        assert sorted(p.name for p in parent.iterdir()) == ["merged"], (delay, how)  # no staging copy left
+    assert tree_hashes(reference[1]).keys() == tree_hashes(folder).keys()
