@@ -1,6 +1,7 @@
-"""The two model libraries hf-rebasin works with, behind one interface: how a checkpoint of that library
-is loaded, built from a config (without initialising weights), saved in the Hub layout, what its inputs
-are (a tokenizer, or timm's preprocessing) and which of its settings two mergeable models must share.
+"""The two model libraries hf-rebasin works with, behind one interface: how a checkpoint's configuration
+is read (without its weights), how a model of that class is built without initialising weights, how the
+stock loader loads one, what goes beside the weights in an output folder (config, tokenizer or timm's
+preprocessing), what the inputs are, and which settings two mergeable models must share.
 
 The rest of the package never asks which library a model comes from: it asks the backend."""
 from __future__ import annotations
@@ -15,6 +16,9 @@ import torch
 from torch import nn
 
 from .errors import ModelLoadError, UserError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model", "added_tokens.json")
 
 
 def is_local(source: str | Path) -> bool:
@@ -40,12 +44,18 @@ def is_hub_id(source: str) -> bool:
     return True
 
 
+def empty_weights():
+    """A context in which modules get their parameters on the meta device and their buffers for real."""
+    from accelerate import init_empty_weights
+    return init_empty_weights(include_buffers=False)
+
+
 class Backend:
     name: ClassVar[str]
     task: ClassVar[str]  # "causal-lm" or "image-classification"
 
-    def load(self, source: str, hub_config: dict):
-        """(adapter, config, model in fp32, eval mode)."""
+    def configure(self, folder: Path, hub_config: dict):
+        """(adapter, config) of a checkpoint folder, from its configuration alone."""
         raise NotImplementedError
 
     def build(self, loaded, changes: dict) -> nn.Module:
@@ -53,12 +63,24 @@ class Backend:
         device (no memory, no initialisation) until a state dict is assigned."""
         raise NotImplementedError
 
-    def save(self, model: nn.Module, loaded, out_dir: Path) -> None:
+    def load_model(self, loaded) -> nn.Module:
+        """The checkpoint loaded by the library's own loader, in fp32 (for comparisons and small models)."""
+        raise NotImplementedError
+
+    def base_prefix(self, loaded) -> str:
+        """The prefix of the base model's parameters (checkpoints saved from the base model lack it)."""
+        return ""
+
+    def write_companions(self, loaded, changes: dict, dtype: torch.dtype, out_dir: Path) -> None:
+        """Everything an output folder needs beside the weights (config with changes and dtype, tokenizer...)."""
         raise NotImplementedError
 
     def differences(self, a, b) -> list[tuple[str, Any, Any]]:
         """(field, value in a, value in b) for every library-level setting in which two models differ."""
         raise NotImplementedError
+
+    def vocabulary_problem(self, a, b) -> str | None:
+        return None
 
     def create_tiny(self, adapter, variant: str) -> nn.Module:
         """A freshly initialised model of one of the adapter's tiny variants."""
@@ -72,49 +94,55 @@ class Backend:
 class TransformersBackend(Backend):
     name = "transformers"
     task = "causal-lm"
-    TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                       "merges.txt", "tokenizer.model", "added_tokens.json", "generation_config.json")
 
-    def load(self, source: str, hub_config: dict):
-        import transformers
+    def configure(self, folder: Path, hub_config: dict):
+        from transformers import AutoConfig
 
         from .adapters import get_adapter
         architectures = hub_config.get("architectures") or []
         if not architectures:
-            raise ModelLoadError(f"{source}: config.json has no 'architectures' entry, so the model class is unknown")
+            raise ModelLoadError(f"{folder}: config.json has no 'architectures' entry, so the model class is unknown")
         adapter = get_adapter(architectures[0])
-        cls = getattr(transformers, adapter.architecture)
         try:
-            model = cls.from_pretrained(source, dtype=torch.float32)
-        except Exception as error:  # noqa: BLE001 - every loading failure is the same user problem
-            raise ModelLoadError(f"could not load the weights of {source}: {type(error).__name__}: {error}. "
-                                 "Are the weight files complete and uncorrupted?") from error
-        return adapter, model.config, model.eval()
+            config = AutoConfig.from_pretrained(folder)
+        except Exception as error:  # noqa: BLE001 - a config transformers cannot read is the user's to fix
+            raise ModelLoadError(f"{folder}/config.json cannot be read by transformers ({type(error).__name__}: "
+                                 f"{' '.join(str(error).split())})") from error
+        return adapter, config
+
+    def model_class(self, loaded):
+        import transformers
+        return getattr(transformers, loaded.adapter.architecture)
 
     def build(self, loaded, changes: dict) -> nn.Module:
-        from accelerate import init_empty_weights
         config = copy.deepcopy(loaded.config)
         for key, value in changes.items():
             setattr(config, key, value)
-        with init_empty_weights(include_buffers=False):
-            return type(loaded.model)(config)
+        with empty_weights():
+            return self.model_class(loaded)(config)
 
-    def save(self, model: nn.Module, loaded, out_dir: Path) -> None:
-        model.save_pretrained(out_dir, safe_serialization=True)
-        self.copy_tokenizer(loaded.source, out_dir)
-
-    def copy_tokenizer(self, source: str, out_dir: Path) -> None:
-        if is_local(source):
-            for name in self.TOKENIZER_FILES:
-                if (Path(source) / name).is_file() and not (out_dir / name).exists():
-                    shutil.copy2(Path(source) / name, out_dir / name)
-            return
+    def load_model(self, loaded) -> nn.Module:
         try:
-            self.tokenizer(source).save_pretrained(out_dir)
-        except UserError:  # a model without a tokenizer on the Hub is exported without one
-            pass
+            return self.model_class(loaded).from_pretrained(loaded.folder, dtype=torch.float32).eval()
+        except Exception as error:  # noqa: BLE001
+            raise ModelLoadError(f"could not load the weights of {loaded.source}: {type(error).__name__}: {error}. "
+                                 "Are the weight files complete and uncorrupted?") from error
 
-    def tokenizer(self, source: str):
+    def base_prefix(self, loaded) -> str:
+        return self.model_class(loaded).base_model_prefix
+
+    def write_companions(self, loaded, changes: dict, dtype: torch.dtype, out_dir: Path) -> None:
+        config = copy.deepcopy(loaded.config)
+        for key, value in changes.items():
+            setattr(config, key, value)
+        config.dtype = dtype
+        config.architectures = [loaded.adapter.architecture]
+        config.save_pretrained(out_dir)
+        for name in ("generation_config.json", *TOKENIZER_FILES):
+            if (loaded.folder / name).is_file():
+                shutil.copy2(loaded.folder / name, out_dir / name)
+
+    def tokenizer(self, source: str | Path):
         from transformers import AutoTokenizer
         try:
             return AutoTokenizer.from_pretrained(source)
@@ -127,19 +155,10 @@ class TransformersBackend(Backend):
                   for key in a.adapter.compatibility_fields]
         return [(key, x, y) for key, x, y in values if x != y]
 
-    def create_tiny(self, adapter, variant: str) -> nn.Module:
-        from transformers import AutoModelForCausalLM
-        return AutoModelForCausalLM.from_config(adapter.tiny_config(variant))
-
-    def save_new(self, model: nn.Module, adapter, variant: str, path: Path) -> None:
-        from .tiny import tiny_tokenizer
-        model.save_pretrained(path, safe_serialization=True)
-        tiny_tokenizer(model.config.vocab_size).save_pretrained(path)
-
     def vocabulary_problem(self, a, b) -> str | None:
         """Why the two models' tokenizers index tokens differently, or None."""
         try:
-            va, vb = self.tokenizer(a.source).get_vocab(), self.tokenizer(b.source).get_vocab()
+            va, vb = self.tokenizer(a.folder).get_vocab(), self.tokenizer(b.folder).get_vocab()
         except UserError:
             return None  # the barrier step reports a missing tokenizer for A; B's is not needed
         if va == vb:
@@ -149,35 +168,51 @@ class TransformersBackend(Backend):
         return (f"the tokenizers of {a.source} and {b.source} differ ({only_a} tokens only in A, {only_b} only in B, "
                 f"{moved} with different ids): token embeddings are not indexed alike, so the models cannot be aligned")
 
+    def create_tiny(self, adapter, variant: str) -> nn.Module:
+        from transformers import AutoModelForCausalLM
+        return AutoModelForCausalLM.from_config(adapter.tiny_config(variant))
+
+    def save_new(self, model: nn.Module, adapter, variant: str, path: Path) -> None:
+        from .tiny import tiny_tokenizer
+        model.save_pretrained(path, safe_serialization=True)
+        tiny_tokenizer(model.config.vocab_size).save_pretrained(path)
+
 
 class TimmBackend(Backend):
     name = "timm"
     task = "image-classification"
 
     @staticmethod
-    def timm_name(source: str) -> str:
+    def timm_name(source: str | Path) -> str:
         return f"local-dir:{source}" if is_local(source) else f"hf-hub:{source}"
 
-    def load(self, source: str, hub_config: dict):
+    def configure(self, folder: Path, hub_config: dict):
         import timm
 
         from .adapters import get_adapter
         try:
-            model = timm.create_model(self.timm_name(source), pretrained=True)
+            with empty_weights():
+                model = timm.create_model(self.timm_name(folder), pretrained=False)
         except Exception as error:  # noqa: BLE001
-            raise ModelLoadError(f"could not load the timm model {source}: {type(error).__name__}: {error}") from error
-        return get_adapter(type(model).__name__), model, model.float().eval()
+            raise ModelLoadError(f"could not build the timm model of {folder}: {type(error).__name__}: {error}") \
+                from error
+        return get_adapter(type(model).__name__), model
 
     def build(self, loaded, changes: dict) -> nn.Module:
         import timm
-        from accelerate import init_empty_weights
         args = {**loaded.hub_config.get("model_args", {}), **changes}
-        with init_empty_weights(include_buffers=False):
+        with empty_weights():
             return timm.create_model(loaded.hub_config["architecture"], pretrained=False, **args)
 
-    def save(self, model: nn.Module, loaded, out_dir: Path) -> None:
-        from safetensors.torch import save_file
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out_dir / "model.safetensors"))
+    def load_model(self, loaded) -> nn.Module:
+        import timm
+        try:
+            return timm.create_model(self.timm_name(loaded.folder), pretrained=True).float().eval()
+        except Exception as error:  # noqa: BLE001
+            raise ModelLoadError(f"could not load the timm model {loaded.source}: {type(error).__name__}: {error}") \
+                from error
+
+    def write_companions(self, loaded, changes: dict, dtype: torch.dtype, out_dir: Path) -> None:
         (out_dir / "config.json").write_text(json.dumps(loaded.hub_config, indent=2))
 
     def differences(self, a, b):
@@ -186,9 +221,6 @@ class TimmBackend(Backend):
                if args_a.get(k) != args_b.get(k)]
         return out + [(k, a.hub_config.get(k), b.hub_config.get(k)) for k in ("architecture", "global_pool")
                       if a.hub_config.get(k) != b.hub_config.get(k)]
-
-    def vocabulary_problem(self, a, b) -> str | None:
-        return None
 
     def create_tiny(self, adapter, variant: str) -> nn.Module:
         import timm

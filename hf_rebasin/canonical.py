@@ -62,6 +62,8 @@ class Spec:
 
 @dataclass
 class Graph:
+    """A canonical graph held in memory: every tensor in one dict."""
+
     spec: Spec
     params: dict[str, Tensor]
     norm_eps: float
@@ -69,6 +71,69 @@ class Graph:
 
     def replace(self, params: dict[str, Tensor] | None = None, **changes) -> Graph:
         return dataclasses.replace(self, params=dict(self.params if params is None else params), **changes)
+
+    def outside(self) -> dict[str, Tensor]:
+        """The tensors outside the layers (embed.*, head.*, final_norm.bias)."""
+        return {k: v for k, v in self.params.items() if not k.startswith("layers.")}
+
+    def layer(self, i: int) -> dict[str, Tensor]:
+        prefix = f"layers.{i}."
+        return {k: v for k, v in self.params.items() if k.startswith(prefix)}
+
+    def materialise(self) -> Graph:
+        return self
+
+
+class LazyGraph:
+    """A canonical graph computed part by part on demand (the tensors outside the layers, or one layer),
+    so that a model larger than memory is only ever held one layer at a time.  ``params`` materialises the
+    whole graph (once) for the small-model uses that want it."""
+
+    spec: Spec
+    norm_eps: float
+    meta: dict = {}
+
+    def outside(self) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def layer(self, i: int) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def materialise(self) -> Graph:
+        params = self.outside()
+        for i in range(self.spec.n_layers):
+            params.update(self.layer(i))
+        return Graph(self.spec, params, self.norm_eps, dict(self.meta))
+
+    @property
+    def params(self) -> dict[str, Tensor]:
+        if "_materialised" not in self.__dict__:
+            self.__dict__["_materialised"] = self.materialise()
+        return self.__dict__["_materialised"].params
+
+    def replace(self, params: dict[str, Tensor] | None = None, **changes) -> Graph:
+        return self.materialise().replace(params, **changes)
+
+
+class InterpolatedGraph(LazyGraph):
+    """sum_i w_i * graph_i, computed part by part."""
+
+    def __init__(self, graphs: list, weights: list[float]):
+        self.graphs, self.weights = list(graphs), [float(w) for w in weights]
+        self.spec = graphs[0].spec
+        self.norm_eps = float(sum(w * g.norm_eps for g, w in zip(graphs, self.weights)))
+        self.meta = dict(getattr(graphs[0], "meta", {}) or {})
+
+    def _mix(self, parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        if any(p.keys() != parts[0].keys() for p in parts[1:]):
+            raise ValueError("cannot interpolate canonical graphs of different structure")
+        return {k: sum(w * p[k] for p, w in zip(parts, self.weights)) for k in parts[0]}
+
+    def outside(self) -> dict[str, Tensor]:
+        return self._mix([g.outside() for g in self.graphs])
+
+    def layer(self, i: int) -> dict[str, Tensor]:
+        return self._mix([g.layer(i) for g in self.graphs])
 
 
 def layer_key(i: int, name: str) -> str:
@@ -108,9 +173,14 @@ def fold_norm(gamma: Tensor | None, beta: Tensor | None, weight: Tensor, bias: T
     return new_w, shift if bias is None else bias + shift
 
 
-def interpolate(graphs: list[Graph], weights: list[float]) -> Graph:
-    """The point sum_i w_i * graph_i of the canonical parameter space."""
+def interpolate(graphs: list, weights: list[float]):
+    """The point sum_i w_i * graph_i of the canonical parameter space (lazy when any graph is lazy)."""
     first = graphs[0]
+    if any(isinstance(g, LazyGraph) for g in graphs):
+        for other in graphs[1:]:
+            if dataclasses.replace(other.spec, notes=()) != dataclasses.replace(first.spec, notes=()):
+                raise ValueError("cannot interpolate canonical graphs of different structure")
+        return InterpolatedGraph(graphs, weights)
     for other in graphs[1:]:
         same_spec = dataclasses.replace(other.spec, notes=()) == dataclasses.replace(first.spec, notes=())
         if not same_spec or other.params.keys() != first.params.keys():

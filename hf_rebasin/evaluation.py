@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .canonical import Graph, interpolate
+from .canonical import interpolate
 from .errors import OptionError
-from .models import Loaded, instantiate
+from .models import Loaded, build, fill
 
 
 @dataclass
@@ -36,14 +36,14 @@ def load_eval_data(spec: str, template: Loaded, *, seq_len: int | None, max_toke
     """Token windows (language models) or preprocessed images (timm) of a data spec, for the template."""
     from .data import load_token_windows, read_images
     if template.task == "image-classification":
-        cfg = template.backend.preprocessing(template.model)
+        cfg = template.backend.preprocessing(template.config)
         images, labels, info = read_images(spec, input_size=tuple(cfg["input_size"]), mean=tuple(cfg["mean"]),
                                            std=tuple(cfg["std"]), max_examples=max_examples)
         return EvalData("image-classification", images, labels, info)
     seq_len = seq_len or default_seq_len(template)
     check_seq_len(seq_len, template)
     cap = "--max-train-tokens" if flag == "--train-data" else "--max-eval-tokens"
-    windows, info = load_token_windows(spec, template.backend.tokenizer(template.source), seq_len, max_tokens,
+    windows, info = load_token_windows(spec, template.backend.tokenizer(template.folder), seq_len, max_tokens,
                                        text_field=text_field, max_tokens_flag=cap)
     return EvalData("causal-lm", windows, None, info)
 
@@ -53,7 +53,10 @@ def default_seq_len(template: Loaded) -> int:
 
 
 def check_seq_len(seq_len: int, template: Loaded) -> None:
-    context = template.adapter.context_length(template.config)
+    check_context(seq_len, template.adapter.context_length(template.config))
+
+
+def check_context(seq_len: int, context: int | None) -> None:
     if context is not None and seq_len > context:
         raise OptionError(f"--seq-len {seq_len} is longer than the model's context ({context} tokens)")
 
@@ -98,15 +101,16 @@ def lambda_grid(points: int) -> list[float]:
     return [k / (points - 1) for k in range(points)]
 
 
-def evaluate_points(graphs: list[Graph], weights: list[tuple[float, ...]], template: Loaded, data: EvalData,
+def evaluate_points(graphs: list, weights: list[tuple[float, ...]], template: Loaded, data: EvalData,
                     batch_size: int = 8, device: str = "cpu", progress: bool = True,
                     desc: str = "barrier") -> list[dict]:
-    """Metrics of the merged model sum_i w_i graph_i at every weight vector (one model built at a time)."""
-    results = []
+    """Metrics of the merged model sum_i w_i graph_i at every weight vector.  One model is built (on the meta
+    device) and refilled, part by part, for every point: one model in memory, never a copy per point."""
+    results, model = [], None
     for w in tqdm(weights, desc=desc, disable=not progress, leave=False):
-        model = instantiate(interpolate(graphs, list(w)), template)
+        point = interpolate(graphs, list(w))
+        model = fill(model if model is not None else build(point, template), point, template)
         results.append(evaluate(model, data, batch_size, device))
-        del model
     return results
 
 

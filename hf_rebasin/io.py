@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import json
 import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+
 from .errors import OutputError
 from .report import REPORT_FILE
 
 STAGING_TAG = ".hf-rebasin-"  # temporary siblings: .NAME.hf-rebasin-PID-XXXX
+DEFAULT_SHARD_BYTES = 5 * 10**9  # "5GB", as transformers' save_pretrained
 
 
 def current_umask() -> int:
@@ -224,3 +228,82 @@ def check_output_file(path: str | Path, flag: str) -> None:
         raise OutputError(f"{flag} {path}: the folder {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{flag} {path}: the folder {parent} is not writable")
+
+
+# --- sharded safetensors ---------------------------------------------------------------------------
+
+def parse_size(text: str | int) -> int:
+    """'5GB', '500MB', '2GiB' or a number of bytes."""
+    if isinstance(text, int):
+        return text
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
+             "GIB": 2**30, "TIB": 2**40}
+    number = text.strip().upper().rstrip()
+    unit = number.lstrip("0123456789.")
+    try:
+        value = float(number[: len(number) - len(unit)])
+    except ValueError:
+        raise OutputError(f"{text!r} is not a size: write e.g. 5GB, 500MB or 2GiB") from None
+    if unit.strip() not in units or value <= 0:
+        raise OutputError(f"{text!r} is not a size: write e.g. 5GB, 500MB or 2GiB")
+    return int(value * units[unit.strip()])
+
+
+class ShardWriter:
+    """Write tensors, added one at a time, into safetensors shards of at most max_bytes (a tensor larger than
+    that gets a shard of its own): PREFIX.safetensors when one shard holds everything, else
+    PREFIX-00001-of-0000N.safetensors and PREFIX.safetensors.index.json, as the Hub's checkpoints.  Only the
+    shard being filled is held in memory; shards are written under temporary names and renamed at the end."""
+
+    def __init__(self, folder: str | Path, prefix: str = "model", max_bytes: int = DEFAULT_SHARD_BYTES,
+                 metadata: dict | None = None):
+        self.folder, self.prefix, self.max_bytes = Path(folder), prefix, max_bytes
+        self.metadata = {"format": "pt", **(metadata or {})}
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes, self.total_bytes = 0, 0
+        self.shards: list[tuple[Path, list[str]]] = []
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if self.pending and self.pending_bytes + size > self.max_bytes:
+            self._flush()
+        self.pending[name] = tensor.detach().contiguous()
+        self.pending_bytes += size
+        self.total_bytes += size
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+        if not self.pending:
+            return
+        path = self.folder / f".{self.prefix}-shard{len(self.shards) + 1:05d}.partial"
+        save_file(self.pending, str(path), metadata=self.metadata)
+        self.shards.append((path, list(self.pending)))
+        self.pending, self.pending_bytes = {}, 0
+
+    def close(self) -> list[Path]:
+        self._flush()
+        if len(self.shards) == 1:
+            final = [self.folder / f"{self.prefix}.safetensors"]
+        else:
+            n = len(self.shards)
+            final = [self.folder / f"{self.prefix}-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+        weight_map = {}
+        for (path, names), target in zip(self.shards, final):
+            os.chmod(path, 0o666 & ~current_umask())
+            path.rename(target)
+            weight_map.update({name: target.name for name in names})
+        if len(self.shards) > 1:
+            index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+            atomic_write(self.folder / f"{self.prefix}.safetensors.index.json", json.dumps(index, indent=2) + "\n")
+        return final
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, kind, error, trace) -> bool:
+        if kind is None:
+            self.close()
+        else:
+            for path, _ in self.shards:
+                path.unlink(missing_ok=True)
+        return False

@@ -3,28 +3,36 @@ graph as a checkpoint of the ORIGINAL class (stock ``from_pretrained`` / ``timm.
 Library specifics live in backends.py, architecture specifics in adapters/."""
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from .adapters import Adapter
+from .adapters import Adapter, StateReader
 from .backends import Backend, backend_of, is_local, looks_like_path
-from .canonical import Graph, Spec
+from .canonical import LazyGraph, Spec
 from .errors import IncompatibleModelsError, ModelLoadError
+from .io import DEFAULT_SHARD_BYTES, ShardWriter
+from .sources import CheckpointFiles, download
 
 
 @dataclass
 class Loaded:
-    source: str
+    """A checkpoint ready to be canonicalised: its configuration, its weight files (read on demand) and the
+    adapter and backend that know its class.  Nothing of the weights is in memory."""
+
+    source: str  # as given: a Hub id or a local folder
     adapter: Adapter
     backend: Backend
-    config: Any  # transformers PretrainedConfig; for timm, the built model (see adapters/vit.py)
-    model: nn.Module
+    config: Any  # transformers PretrainedConfig; for timm, the model built on the meta device (see adapters/vit.py)
     hub_config: dict  # the raw config.json
+    folder: Path  # the local folder (a Hub snapshot of the files hf-rebasin needs, for a Hub id)
+    files: CheckpointFiles
 
     @property
     def spec(self) -> Spec:
@@ -33,6 +41,11 @@ class Loaded:
     @property
     def task(self) -> str:
         return self.backend.task
+
+    @functools.cached_property
+    def model(self) -> nn.Module:
+        """The checkpoint loaded by its library's own loader, in fp32 (small models, comparisons)."""
+        return self.backend.load_model(self)
 
 
 def read_config_json(source: str) -> dict:
@@ -63,28 +76,50 @@ def read_config_json(source: str) -> dict:
 
 
 def load(source: str | Path) -> Loaded:
-    """Load a supported model in fp32 from a Hub id or a local folder."""
+    """A supported model from a Hub id or a local folder: configuration read, weight files indexed (a Hub
+    id's files downloaded), no weights in memory."""
     source = str(source)
     hub_config = read_config_json(source)
     backend = backend_of(hub_config)
-    adapter, config, model = backend.load(source, hub_config)
-    return Loaded(source, adapter, backend, config, model, hub_config)
+    folder = Path(source).expanduser() if is_local(source) else download(source)
+    adapter, config = backend.configure(folder, hub_config)
+    loaded = Loaded(source, adapter, backend, config, hub_config, folder, None)
+    expected = set(backend.build(loaded, {}).state_dict())
+    loaded.files = CheckpointFiles(folder, expected, adapter.checkpoint_aliases, backend.base_prefix(loaded))
+    return loaded
 
 
-def canonicalise(loaded: Loaded) -> Graph:
-    state_dict = {k: v.detach() for k, v in loaded.model.state_dict().items()}
-    return loaded.adapter.to_canonical(state_dict, loaded.config, loaded.source)
+class SourceGraph(LazyGraph):
+    """The canonical graph of a checkpoint, computed part by part from its files (fp32, one layer at a time).
+    Made by canonicalise(), which first converts the whole checkpoint on the meta device: every parameter is
+    accounted for and every shape checked before a weight is read; then every weight is read once, streamed,
+    to refuse NaN or inf before any work is done."""
+
+    def __init__(self, loaded: Loaded):
+        self.loaded, self.spec = loaded, loaded.spec
+        self.norm_eps = loaded.adapter.norm_eps(loaded.config)
+        self.meta = {}
+        shapes = loaded.adapter.to_canonical(loaded.files.meta(), loaded.config, loaded.source)
+        self.shapes = {k: tuple(v.shape) for k, v in shapes.params.items()}
+        loaded.files.check_finite(loaded.source)
+
+    def _reader(self) -> StateReader:
+        return StateReader(self.loaded.files, self.loaded.adapter.architecture, self.loaded.source)
+
+    def outside(self) -> dict[str, Tensor]:
+        return self.loaded.adapter.outside_to_canonical(self._reader(), self.loaded.config, self.spec)
+
+    def layer(self, i: int) -> dict[str, Tensor]:
+        return self.loaded.adapter.layer_to_canonical(self._reader(), self.loaded.config, self.spec, i)
 
 
-def instantiate(graph: Graph, template: Loaded) -> nn.Module:
-    """A model of the template's class holding the graph's weights (fp32, eval mode)."""
-    state_dict, changes = template.adapter.from_canonical(graph, template.config)
-    model = template.backend.build(template, changes)
-    model.load_state_dict(own_tensors(state_dict), strict=True, assign=True)
-    return model.float().eval()
+def canonicalise(loaded: Loaded) -> SourceGraph:
+    return SourceGraph(loaded)
 
 
-def own_tensors(state_dict: dict[str, torch.Tensor], dtype=torch.float32) -> dict[str, torch.Tensor]:
+# --- building and saving the original class --------------------------------------------------------
+
+def own_tensors(state_dict: dict[str, Tensor], dtype=torch.float32) -> dict[str, Tensor]:
     """The state dict in `dtype`, contiguous, with no two entries sharing memory (assigned parameters must
     not alias: an export writes norm weights of 1 from one tensor, and safetensors refuses shared storage)."""
     seen, out = set(), {}
@@ -97,22 +132,58 @@ def own_tensors(state_dict: dict[str, torch.Tensor], dtype=torch.float32) -> dic
     return out
 
 
-def save(model: nn.Module, template: Loaded, out_dir: str | Path) -> None:
-    """Write a checkpoint that loads with the stock loader of its class, plus tokenizer/preprocessing."""
+def state_dict_parts(graph, template: Loaded) -> Iterator[dict[str, Tensor]]:
+    """The original class's state dict, part by part: outside the layers, then one layer at a time."""
+    adapter, spec = template.adapter, graph.spec
+    yield adapter.outside_from_canonical(graph.outside(), template.config, spec)
+    for i in range(spec.n_layers):
+        yield adapter.layer_from_canonical(graph.layer(i), template.config, spec, i)
+
+
+def build(graph, template: Loaded) -> nn.Module:
+    """An empty model of the template's class with the graph's configuration (parameters on meta)."""
+    return template.backend.build(template, template.adapter.export_config_changes(graph, template.config))
+
+
+def fill(model: nn.Module, graph, template: Loaded) -> nn.Module:
+    """Assign the graph's weights (fp32) to a model built by build(), part by part; the norm eps follows the
+    graph's (the residual scale g is exact only with eps scaled by g^2)."""
+    names = set()
+    for part in state_dict_parts(graph, template):
+        model.load_state_dict(own_tensors(part), strict=False, assign=True)
+        names.update(part)
+    missing = sorted(set(model.state_dict()) - names - {n for n, _ in model.named_buffers()})
+    if missing:
+        raise ValueError(f"{template.adapter.architecture} export: no canonical value for {missing[:5]}")
+    if graph.spec.scale_exact:
+        for module, attr in template.adapter.norm_modules(model):
+            setattr(module, attr, graph.norm_eps)
+    return model.eval()
+
+
+def instantiate(graph, template: Loaded) -> nn.Module:
+    """A model of the template's class holding the graph's weights (fp32, eval mode)."""
+    return fill(build(graph, template), graph, template)
+
+
+def save(graph, template: Loaded, out_dir: str | Path, *, dtype: torch.dtype | None = None,
+         max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+    """Write the graph as a checkpoint of the template's class (loads with the stock loader), streamed part by
+    part into safetensors shards of at most max_shard_bytes, in `dtype` (default: the source's stored dtype;
+    arithmetic is fp32, the cast is last), with the config, tokenizer or preprocessing beside it."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    template.backend.save(model, template, out_dir)
+    dtype = dtype or template.files.dtype
+    with ShardWriter(out_dir, "model", max_shard_bytes) as writer:
+        for part in state_dict_parts(graph, template):
+            for name, value in own_tensors(part, torch.float32).items():
+                writer.add(name, value.to(dtype))
+    changes = template.adapter.export_config_changes(graph, template.config)
+    template.backend.write_companions(template, changes, dtype, out_dir)
 
 
-def export(graph: Graph, template: Loaded, out_dir: str | Path) -> nn.Module:
-    model = instantiate(graph, template)
-    save(model, template, out_dir)
-    return model
-
-
-def load_exported(out_dir: str | Path) -> nn.Module:
-    """Load an exported folder with nothing but the stock loader of its library."""
-    return load(out_dir).model
+def export(graph, template: Loaded, out_dir: str | Path, **options) -> None:
+    save(graph, template, out_dir, **options)
 
 
 # --- compatibility --------------------------------------------------------------------------------
@@ -137,16 +208,20 @@ def check_compatible(a: Loaded, b: Loaded) -> None:
         raise IncompatibleModelsError(problem)
 
 
-def check_same_structure(a: Graph, b: Graph, names: tuple[str, str] = ("A", "B")) -> None:
+def canonical_shapes(graph) -> dict[str, tuple]:
+    return getattr(graph, "shapes", None) or {k: tuple(v.shape) for k, v in graph.params.items()}
+
+
+def check_same_structure(a, b, names: tuple[str, str] = ("A", "B")) -> None:
     """Canonical graphs must have the same tensors and shapes to be aligned and interpolated
     (e.g. LLaMA checkpoints with and without attention biases cannot)."""
-    only_a = sorted(set(a.params) - set(b.params))
-    only_b = sorted(set(b.params) - set(a.params))
-    shapes = [k for k in a.params.keys() & b.params.keys() if a.params[k].shape != b.params[k].shape]
+    sa, sb = canonical_shapes(a), canonical_shapes(b)
+    only_a, only_b = sorted(set(sa) - set(sb)), sorted(set(sb) - set(sa))
+    shapes = [k for k in sa.keys() & sb.keys() if sa[k] != sb[k]]
     problems = [f"only in {names[0]}: {', '.join(only_a[:4])}" if only_a else "",
                 f"only in {names[1]}: {', '.join(only_b[:4])}" if only_b else "",
-                "different shapes: " + ", ".join(f"{k} {tuple(a.params[k].shape)} vs {tuple(b.params[k].shape)}"
-                                                 for k in sorted(shapes)[:4]) if shapes else ""]
+                "different shapes: " + ", ".join(f"{k} {sa[k]} vs {sb[k]}" for k in sorted(shapes)[:4])
+                if shapes else ""]
     problems = [p for p in problems if p]
     if problems:
         raise IncompatibleModelsError("the models' canonical tensors differ (" + "; ".join(problems) +

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from math import comb
 from typing import Any
 
-from .errors import OptionError
+from .errors import OptionError, UserError
 
 DEFAULT_LM_DATA = "wikitext:wikitext-103-raw-v1:test"
 DEFAULT_LAMBDAS = 11
@@ -75,6 +75,11 @@ class MergeOptions:
     batch_size: int = option(8, "evaluation batch size", group=EVALUATION, low=1)
     device: str = option("auto", "where models run: auto (a CUDA GPU when present), cpu, cuda or cuda:N",
                          group=EVALUATION)
+    dtype: str = option("auto", "dtype of the merged checkpoint: auto (the sources' stored dtype), float32, bfloat16 "
+                        "or float16 (arithmetic is fp32 throughout; the cast is the last step)", group=OUTPUT,
+                        choices=("auto", "float32", "bfloat16", "float16"))
+    max_shard_size: str = option("5GB", "largest safetensors shard of the merged checkpoint (e.g. 5GB, 500MB)",
+                                 group=OUTPUT)
     rounds: int = option(10, "cap on weight-matching rounds", group=MATCHING, low=1, high=1000)
     match_data: str | None = option(None, "data for activation matching (default: --data)", group=MATCHING)
     am_batches: int = option(4, "batches for activation matching", group=MATCHING, low=1)
@@ -131,6 +136,15 @@ class MergeOptions:
     def resolved_device(self) -> str:
         return resolve_device(self.device)
 
+    def export_dtype(self):
+        """The torch dtype of the export, or None for the sources' own."""
+        import torch
+        return None if self.dtype == "auto" else getattr(torch, self.dtype)
+
+    def shard_bytes(self) -> int:
+        from .io import parse_size
+        return parse_size(self.max_shard_size)
+
     # --- checks --------------------------------------------------------------------------------------
     def check(self, n_models: int = 2, num_processes: int = 1) -> None:
         """Raise OptionError naming every bad value (by its flag) and every combination that cannot work."""
@@ -167,6 +181,10 @@ class MergeOptions:
             problems.append(f"--learn-batch-size {self.learn_batch_size} is not divisible by --grad-accum "
                             f"({self.grad_accum}) × processes ({num_processes}); every micro-batch must have the same size")
         problems += device_problems(self.device, "--device")
+        try:
+            self.shard_bytes()
+        except UserError as error:
+            problems.append(f"--max-shard-size: {error}")
         if problems:
             raise OptionError("; ".join(problems))
 

@@ -8,17 +8,28 @@ Every check that needs no weights runs before the first expensive step.  The Pyt
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from .evaluation import (EvalData, evaluate, evaluate_points, lambda_grid, load_eval_data, plot_path, plot_simplex,
-                      simplex_lattice, worst_excess)
 from .canonical import interpolate
 from .errors import OptionError, RebasinWarning
-from .io import atomic_output_dir, atomic_write, check_output_dir, check_output_file
+from .evaluation import (
+    EvalData,
+    evaluate,
+    evaluate_points,
+    lambda_grid,
+    load_eval_data,
+    plot_path,
+    plot_simplex,
+    simplex_lattice,
+    worst_excess,
+)
+from .io import ShardWriter, atomic_output_dir, atomic_write, check_output_dir, check_output_file
 from .match import METHODS, Alignment, MatchContext
 from .models import Loaded, canonicalise, check_compatible, check_same_structure, instantiate, load, save
 from .options import DEFAULT_LM_DATA, MergeOptions
@@ -83,13 +94,13 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
                 "learned matching was trained on the evaluation data itself (no --train-data): the reported barrier "
                 "is an in-sample number")
 
-    aligned = [apply(g, t) for g, t in zip(graphs, alignment.transforms)]
-    report = evaluate_report(models, aligned, alignment, template, data, data_spec, options, timings, progress,
-                             command or equivalent_command(models, options, out))
-    result = MergeResult(report, alignment.transforms)
-    if out is not None:
-        _, merged_at = evaluation_points(len(models), options)
-        result.out = export(Path(out), force, models, aligned, merged_at, alignment, template, report)
+    with held([apply(g, t) for g, t in zip(graphs, alignment.transforms)], out) as aligned:
+        report = evaluate_report(models, aligned, alignment, template, data, data_spec, options, timings, progress,
+                                 command or equivalent_command(models, options, out))
+        result = MergeResult(report, alignment.transforms)
+        if out is not None:
+            _, merged_at = evaluation_points(len(models), options)
+            result.out = export(Path(out), force, models, aligned, merged_at, alignment, template, report, options)
     if json_path is not None:
         atomic_write(json_path, report_text(report))
     if push_to is not None:
@@ -112,12 +123,13 @@ def preflight(models: list[str], options: MergeOptions) -> None:
         raise OptionError("--data is required for image models (an ImageFolder, an .npz or a Hub dataset)")
     if backends == {"transformers"} and options.seq_len is not None:
         from transformers import AutoConfig
+
         from .adapters import get_adapter
-        from .evaluation import check_seq_len
+        from .evaluation import check_context
         hub_config = read_config_json(models[0])
         adapter = get_adapter((hub_config.get("architectures") or [""])[0])
         config = AutoConfig.from_pretrained(models[0])
-        check_seq_len(options.seq_len, Loaded(models[0], adapter, None, config, None, hub_config))
+        check_context(options.seq_len, adapter.context_length(config))
     for flag, spec in (("--data", options.data), ("--match-data", options.match_data),
                        ("--train-data", options.train_data)):
         if spec:
@@ -127,6 +139,24 @@ def preflight(models: list[str], options: MergeOptions) -> None:
     if options.resume and Path(options.resume).expanduser().is_file():  # readable, and a checkpoint at all
         from .match.train_loop import read_checkpoint
         read_checkpoint(Path(options.resume).expanduser())
+
+
+IN_MEMORY_BYTES = 2**30  # aligned models up to this size (fp32, all together) are held in memory
+
+
+@contextmanager
+def held(aligned: list, out: str | Path | None):
+    """The aligned models, computed once for the many points of the path: in memory when small, else spilled to
+    fp32 files in a temporary folder (beside the output, removed at the end) and read one layer at a time."""
+    from .sources import SpilledGraph, canonical_bytes
+    if sum(canonical_bytes(g) for g in aligned) <= IN_MEMORY_BYTES:
+        yield [g.materialise() for g in aligned]
+        return
+    parent = Path(out).expanduser().absolute().parent if out is not None else None
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".hf-rebasin-aligned-", dir=parent) as folder:
+        yield [SpilledGraph(g, Path(folder) / f"model-{k}") for k, g in enumerate(aligned)]
 
 
 def eval_data(spec: str | None, template: Loaded, options: MergeOptions, flag: str = "--data") -> EvalData:
@@ -199,6 +229,7 @@ def equivalent_command(models: list[str], options: MergeOptions, out: str | Path
     """The `hf-rebasin merge` line that repeats an API call (options that differ from their defaults)."""
     import dataclasses
     import shlex
+
     from .options import flag_of
     words = ["hf-rebasin", "merge" if out is not None else "barrier", *models]
     defaults = MergeOptions()
@@ -219,14 +250,15 @@ def transforms_tensors(transforms: list[Transform]) -> dict:
 
 
 def export(out: Path, force: bool, models: list[str], aligned, merged_at, alignment: Alignment, template: Loaded,
-           report: Report) -> Path:
-    from safetensors.torch import save_file
+           report: Report, options: MergeOptions) -> Path:
     from .cards import write_card
     with atomic_output_dir(out, force=force, sources=tuple(models)) as tmp:
         start = time.perf_counter()
-        save(instantiate(interpolate(aligned, list(merged_at)), template), template, tmp)
-        save_file(transforms_tensors(alignment.transforms), str(tmp / "transforms.safetensors"),
-                  metadata={"method": report.method})
+        save(interpolate(aligned, list(merged_at)), template, tmp, dtype=options.export_dtype(),
+             max_shard_bytes=options.shard_bytes())
+        with ShardWriter(tmp, "transforms", options.shard_bytes(), {"method": report.method}) as writer:
+            for name, tensor in transforms_tensors(alignment.transforms).items():
+                writer.add(name, tensor)
         report.timings["export_s"] = time.perf_counter() - start
         atomic_write(tmp / "barrier.json", report_text(report))
         if len(models) == 2:

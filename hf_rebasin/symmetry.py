@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .canonical import Graph, Spec, layer_key, residual_role
+from .canonical import LazyGraph, Spec, layer_key, residual_role
 
 
 @dataclass
@@ -151,8 +151,26 @@ def rotate_residual(key: str, value: Tensor, t: Transform) -> Tensor:
     return value
 
 
-def apply(graph: Graph, t: Transform) -> Graph:
-    """The graph transformed by the group element t (an exact function-preserving rewrite)."""
+class TransformedGraph(LazyGraph):
+    """apply(graph, t) for a lazy graph: each part transformed when it is asked for."""
+
+    def __init__(self, base, t: Transform):
+        self.base, self.t, self.spec = base, t, base.spec
+        self.norm_eps = base.norm_eps * float(t.scale) ** 2
+        self.meta = dict(getattr(base, "meta", {}) or {})
+
+    def outside(self) -> dict[str, Tensor]:
+        return {k: rotate_residual(k, v, self.t) for k, v in self.base.outside().items()}
+
+    def layer(self, i: int) -> dict[str, Tensor]:
+        return transform_layer(self.base.layer(i), i, self.spec, self.t)
+
+
+def apply(graph, t: Transform):
+    """The graph transformed by the group element t (an exact function-preserving rewrite); lazy for a
+    lazy graph, computed at once for a graph held in memory."""
+    if isinstance(graph, LazyGraph):
+        return TransformedGraph(graph, t)
     spec = graph.spec
     p = {k: rotate_residual(k, v, t) for k, v in graph.params.items() if not k.startswith("layers.")}
     for i in range(spec.n_layers):

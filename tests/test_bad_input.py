@@ -24,17 +24,16 @@ import time
 import types
 from pathlib import Path
 
+import corpus
 import pytest
 import torch
+from conftest import REPO
+from hub_server import FakeHub, use_fake_hub, write_merge_output
 
 from hf_rebasin import __version__, models, tiny
 from hf_rebasin.cli import DESCRIPTION, main
 from hf_rebasin.io import STAGING_TAG
 from hf_rebasin.options import EvalOptions, MergeOptions, PushOptions, fields_of, flag_of, value_type
-
-import corpus
-from conftest import REPO
-from hub_server import FakeHub, use_fake_hub, write_merge_output
 
 MAX_SECONDS = 1.0  # every refusal comes within this, before any expensive step
 HF_REBASIN = REPO / ".venv" / "bin" / "hf-rebasin"
@@ -123,6 +122,15 @@ def merge_output(tiny_dirs, tmp_path_factory):
     shutil.copytree(tiny_dirs["gpt_neox"], out)
     write_merge_output(out)
     return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -380,34 +388,39 @@ def test_non_finite_weights_are_named_by_the_checkpoints_own_key(cli, work, sour
     tiny.tiny_tokenizer(97).save_pretrained(work / "nan")
     outcome = cli(["merge", sources[0], work / "nan", "--out", work / "out", "--data", text_file,
                    "--seq-len", "32", "--max-eval-tokens", "512"])
-    outcome.refused("gpt_neox.layers.0.mlp.dense_h_to_4h.weight", "non-finite", "nan", seconds=30)
+    outcome.refused("gpt_neox.layers.0.mlp.dense_h_to_4h.weight", "non-finite", "NaN", seconds=30)
     assert sorted(p.name for p in work.iterdir()) == ["nan"]
 
 
 def test_resume_on_a_garbage_file_is_one_line(cli, work, sources, text_file):
-    garbage = work / "garbage.pt"
-    garbage.write_bytes(b"\x80\x04not a checkpoint at all" * 10)
-    outcome = cli([*merge_args(sources, text_file, work / "out"), "--seq-len", "32", "--max-eval-tokens", "512",
-                   "--method", "dual", "--steps", "2", "--learn-batch-size", "4", "--train-data", text_file,
-                   "--resume", garbage, "--checkpoint-dir", work / "ckpt"])
-    line = outcome.refused("--resume", "not a readable checkpoint", seconds=30)
-    assert "weights_only" not in outcome.err and "torch.load" not in outcome.err, line
-    assert sorted(p.name for p in work.iterdir()) == ["garbage.pt"]
+    garbage = {"pickle.pt": b"\x80\x04not a checkpoint at all" * 10, "text.pt": b"hello world\n"}
+    for name, content in garbage.items():
+        (work / name).write_bytes(content)
+    torch.save({"step": 3, "params": {}}, work / "foreign.pt")  # a torch file, but not a checkpoint of ours
+    for name, message in (("pickle.pt", "not a readable checkpoint"), ("text.pt", "not a readable checkpoint"),
+                          ("foreign.pt", "not a hf-rebasin learned-matching checkpoint")):
+        outcome = cli([*merge_args(sources, text_file, work / "out"), "--seq-len", "32", "--max-eval-tokens", "512",
+                       "--method", "dual", "--steps", "2", "--learn-batch-size", "4", "--train-data", text_file,
+                       "--resume", work / name, "--checkpoint-dir", work / "ckpt"])
+        line = outcome.refused("--resume", name, message)  # read before the models are loaded
+        assert "weights_only" not in outcome.err and "torch.load" not in outcome.err, line
+    assert sorted(p.name for p in work.iterdir()) == ["foreign.pt", "pickle.pt", "text.pt"]
 
 
 def test_inspect_into_a_closed_pipe_is_quiet(sources):
-    """`hf-rebasin inspect ... | head`: the reader goes away; no BrokenPipeError traceback, exit code 0."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    for extra in ([], ["--json"]):
-        with subprocess.Popen([str(HF_REBASIN), "inspect", str(sources[0]), *extra], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, env=env) as proc:
-            proc.stdout.close()  # as `head` does once it has its lines (here: before the first one)
-            err = proc.stderr.read().decode()
-            code = proc.wait(timeout=120)
-        assert code == 0 and err == "", err
-        shell = subprocess.run(f"'{HF_REBASIN}' inspect '{sources[0]}' {' '.join(extra)} | head -n 1", shell=True,
-                               capture_output=True, text=True, env=env, timeout=120)
-        assert shell.stderr == "" and len(shell.stdout.splitlines()) == 1, shell
+    """`hf-rebasin inspect ... | head`: the reader goes away; no BrokenPipeError traceback, exit code 0.  Run with
+    stdout buffered, as in a terminal session (PYTHONUNBUFFERED would hide the error at exit)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    with subprocess.Popen([str(HF_REBASIN), "inspect", str(sources[0])], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=env) as proc:
+        proc.stdout.close()  # as `head` does once it has its lines (here: before the first one)
+        err = proc.stderr.read().decode()
+        code = proc.wait(timeout=120)
+    assert code == 0 and err == "", (code, err)
+    shell = subprocess.run(f"'{HF_REBASIN}' inspect --json '{sources[0]}' | head -n 1", shell=True,
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert shell.stderr == "" and shell.stdout == "{\n", shell
 
 
 def test_help_and_version(cli):
@@ -430,25 +443,26 @@ def mode(path: Path) -> int:
     return path.stat().st_mode & 0o777
 
 
-@pytest.fixture
-def three_way_merge(sources, text_file, tmp_path, cli):
+@pytest.fixture(scope="module")
+def three_way_merge(sources, text_file, tmp_path_factory):
     """A three-model merge at --simplex-resolution 2 (the centroid is off that lattice) under umask 027."""
+    out = tmp_path_factory.mktemp("merges") / "three-way-card"
     old = os.umask(0o027)
     try:
-        out = tmp_path / "merges" / "three-way-card"
-        outcome = cli(["merge", *map(str, sources), "--method", "wm", "--out", out, "--data", text_file,
-                       "--seq-len", "32", "--max-eval-tokens", "1024", "--simplex-resolution", "2"])
+        with contextlib.redirect_stderr(io.StringIO()) as err, contextlib.redirect_stdout(io.StringIO()):
+            code = main(["merge", *map(str, sources), "--method", "wm", "--out", str(out), "--data", str(text_file),
+                         "--seq-len", "32", "--max-eval-tokens", "1024", "--simplex-resolution", "2"])
     finally:
         os.umask(old)
-    assert outcome.code == 0, outcome.err
+    assert code == 0, err.getvalue()
     return out
 
 
 def test_simplex_resolution_2_with_three_models_works_end_to_end(three_way_merge, text_file):
     from transformers import AutoTokenizer
 
-    from hf_rebasin.evaluation import EvalData, evaluate
     from hf_rebasin.data import load_token_windows
+    from hf_rebasin.evaluation import EvalData, evaluate
     out = three_way_merge
     report = json.loads((out / "barrier.json").read_text())
     assert report["n_models"] == 3 and len(report["lambdas"]) == 6  # C(4, 2) lattice points

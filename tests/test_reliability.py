@@ -12,23 +12,25 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import corpus
 import pytest
 import torch
+from conftest import REPO
+from hub_server import TOKEN, FakeHub
 from safetensors.torch import load_file
 
 from hf_rebasin import models, tiny
 from hf_rebasin.io import STAGING_TAG
 from hf_rebasin.match.train_loop import CHECKPOINT_FORMAT
-
-import corpus
-from conftest import REPO
-from hub_server import TOKEN, FakeHub
 
 SEED = 13
 MERGE_POINTS = 8  # a first merge (no output yet)
@@ -37,8 +39,10 @@ LEARNED_POINTS = 3  # a learned run (--method dual) writing checkpoints
 PUSH_POINTS = 3  # a push to the (fake) Hub
 DOUBLE_SIGINT = "SIGINT twice"  # Ctrl-C, then Ctrl-C again at once: abort without waiting for the step
 LEARNED_STEPS, CHECKPOINT_EVERY = 40, 8
+LANES = 2  # interruption points checked side by side (one core each)
 RUN_TIMEOUT_S = 180  # one run; a run that outlives it hangs
 HF_REBASIN = REPO / ".venv" / "bin" / "hf-rebasin"
+LOADING = threading.Lock()  # loading in this process: one lane at a time
 OUTPUT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "barrier.json", "barrier.png",
                 "transforms.safetensors", "README.md")
 
@@ -61,10 +65,16 @@ def run_to_end(args: list, env: dict) -> float:
     return time.monotonic() - start
 
 
-def interrupt(args: list, env: dict, delay: float, how) -> tuple[int, str]:
-    """Start hf-rebasin, send `how` (a signal, or DOUBLE_SIGINT) after `delay` s; return (exit code, stderr)."""
+def interrupt(args: list, env: dict, delay: float, how, anchor=None) -> tuple[int, str]:
+    """Start hf-rebasin, send `how` (a signal, or DOUBLE_SIGINT) after `delay` s; return (exit code, stderr).
+    anchor=(seen, at): a moment past `at` s is taken from when seen() first holds instead (the first checkpoint of
+    a learned run), so that a run slower than the measured one is still interrupted at the same stage."""
     proc = subprocess.Popen([str(HF_REBASIN), *map(str, args)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
+    if anchor is not None and delay >= anchor[1]:
+        while proc.poll() is None and not anchor[0]():
+            time.sleep(0.01)
+        delay -= anchor[1]
     try:
         proc.wait(timeout=delay)  # it may finish first: then the point lies after the end
     except subprocess.TimeoutExpired:
@@ -83,10 +93,11 @@ def interrupt(args: list, env: dict, delay: float, how) -> tuple[int, str]:
     code = proc.returncode
     if how == signal.SIGKILL:
         assert code in (0, -signal.SIGKILL), (code, err[-3000:])
-    else:  # Ctrl-C: exit code 130 with one line; during the imports Python's own KeyboardInterrupt
+    else:  # Ctrl-C: exit code 130 and one line; before main runs (or after it returned), Python's own -SIGINT
         assert code in (0, 130, -signal.SIGINT), (code, err[-3000:])
         if code == 130:
-            assert "interrupted; nothing was left half-written" in err.strip().splitlines()[-1], err[-3000:]
+            assert re.fullmatch(r"hf-rebasin( \w+)?: interrupted; nothing was (left half-)?written",
+                                err.strip().splitlines()[-1]), err[-3000:]
     return code, err
 
 
@@ -117,8 +128,9 @@ def assert_complete_output(out: Path, method: str) -> None:
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     report = json.loads((out / "barrier.json").read_text())
     assert report["method"] == method and len(report["loss"]) == len(report["lambdas"])
-    assert models.load(out).model is not None
-    assert load_file(out / "transforms.safetensors")
+    with LOADING:
+        assert models.load(out).model is not None
+        assert load_file(out / "transforms.safetensors")
     assert not [p.name for p in out.rglob("*") if p.name.endswith((".tmp", ".partial")) or STAGING_TAG in p.name]
 
 
@@ -154,53 +166,63 @@ def reference(pair, env, tmp_path_factory):
 
 # --- the scenarios ----------------------------------------------------------------------------------
 
+def in_lanes(points: list, check_point) -> list:
+    """check_point(k, delay, how) for every point, LANES at a time (each point has its own folders; each run is
+    single-threaded, so two lanes on two cores keep every run at its solo pace); the first failure is raised."""
+    with ThreadPoolExecutor(LANES) as pool:
+        futures = [pool.submit(check_point, k, delay, how) for k, (delay, how) in enumerate(points)]
+        return [future.result() for future in futures]
+
+
 def test_interrupted_first_merge(pair, env, reference, tmp_path):
     """A merge into a new folder: after the kill the folder is absent or a complete output."""
     sources = tree_hashes(pair)
-    work = tmp_path / "work"
-    work.mkdir()
-    out = work / "out"
-    args = merge_args(pair, out, "wm")
-    seen = {"absent": 0, "complete": 0}
-    for delay, how in schedule(reference[0], MERGE_POINTS, random.Random(SEED)):
-        if out.exists():
-            shutil.rmtree(out)
+
+    def check_point(k: int, delay: float, how) -> str:
+        work = tmp_path / f"point{k}"
+        work.mkdir()
+        out = work / "out"
+        args = merge_args(pair, out, "wm")
         interrupt(args, env, delay, how)
         assert tree_hashes(pair) == sources, (delay, how)
+        found = "complete" if out.exists() else "absent"
         if out.exists():
             assert_complete_output(out, "wm")
-            seen["complete"] += 1
-        else:
-            seen["absent"] += 1
         run_to_end([*args, "--force"] if out.exists() else args, env)
         assert_complete_output(out, "wm")
         assert staging(work) == [] and sorted(p.name for p in work.iterdir()) == ["out"], (delay, how)
-    assert tree_hashes(pair) == sources and sum(seen.values()) == MERGE_POINTS
+        return found
+
+    found = in_lanes(schedule(reference[0], MERGE_POINTS, random.Random(SEED)), check_point)
+    assert len(found) == MERGE_POINTS and tree_hashes(pair) == sources
 
 
 def test_interrupted_force_replacement(pair, env, reference, tmp_path):
     """--force over an earlier output: after the kill the old output is byte-identical or the new one complete."""
     sources = tree_hashes(pair)
-    work = tmp_path / "work"
-    work.mkdir()
     pristine = tmp_path / "pristine"
     run_to_end(merge_args(pair, pristine, "raw"), env)
     old = tree_hashes(pristine)
-    out = work / "out"
-    args = merge_args(pair, out, "wm", "--force")
-    for delay, how in schedule(reference[0], FORCE_POINTS, random.Random(SEED + 1)):
-        if out.exists():
-            shutil.rmtree(out)
+
+    def check_point(k: int, delay: float, how) -> str:
+        work = tmp_path / f"point{k}"
+        work.mkdir()
+        out = work / "out"
         shutil.copytree(pristine, out)
+        args = merge_args(pair, out, "wm", "--force")
         interrupt(args, env, delay, how)
         assert tree_hashes(pair) == sources, (delay, how)
         assert out.is_dir(), (delay, how)
-        if tree_hashes(out) != old:
+        found = "old" if tree_hashes(out) == old else "new"
+        if found == "new":
             assert_complete_output(out, "wm")  # the swap happened: the new output, whole
         run_to_end(args, env)
         assert_complete_output(out, "wm")
         assert staging(work) == [] and sorted(p.name for p in work.iterdir()) == ["out"], (delay, how)
-    assert tree_hashes(pair) == sources and tree_hashes(pristine) == old
+        return found
+
+    found = in_lanes(schedule(reference[0], FORCE_POINTS, random.Random(SEED + 1)), check_point)
+    assert len(found) == FORCE_POINTS and tree_hashes(pair) == sources and tree_hashes(pristine) == old
 
 
 def checkpoints(folder: Path) -> dict[str, str]:
@@ -215,7 +237,7 @@ def checkpoints(folder: Path) -> dict[str, str]:
 
 def test_interrupted_learned_run_resumes(pair, env, tmp_path):
     """--method dual with checkpoints, interrupted: every checkpoint written loads and stays as it was, and
-    --resume finishes with the transforms of an uninterrupted run."""
+    --resume (a fresh start when none was written yet) finishes with the transforms of an uninterrupted run."""
     sources = tree_hashes(pair)
 
     def args(out: Path, ckpt: Path, *extra) -> list:
@@ -230,23 +252,20 @@ def test_interrupted_learned_run_resumes(pair, env, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     first_checkpoint = None
     while proc.poll() is None:
-        if first_checkpoint is None and whole_ckpt.exists() and any(whole_ckpt.glob("*.pt")):
+        if first_checkpoint is None and any(whole_ckpt.glob("*.pt")):
             first_checkpoint = time.monotonic() - start
         time.sleep(0.02)
-    assert proc.returncode == 0, proc.stderr.read()[-3000:]
     duration = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr.read()[-3000:]
     assert first_checkpoint is not None and len(checkpoints(whole_ckpt)) == LEARNED_STEPS // CHECKPOINT_EVERY
     expected = load_file(whole / "transforms.safetensors")
-    # the moments: over training, from a little before the first checkpoint to the end
-    rng = random.Random(SEED + 2)
-    points = schedule(duration, LEARNED_POINTS, rng, (signal.SIGINT, signal.SIGKILL, DOUBLE_SIGINT),
-                      start=0.8 * first_checkpoint)
-    resumed = 0
-    for k, (delay, how) in enumerate(points):
-        work = tmp_path / f"run{k}"
+
+    def check_point(k: int, delay: float, how) -> bool:
+        work = tmp_path / f"point{k}"
         work.mkdir()
         out, ckpt = work / "out", work / "ckpt"
-        code, err = interrupt(args(out, ckpt), env, delay, how)
+        code, err = interrupt(args(out, ckpt), env, delay, how, anchor=(lambda: any(ckpt.glob("*.pt")),
+                                                                          first_checkpoint))
         assert tree_hashes(pair) == sources, (delay, how)
         written = checkpoints(ckpt)
         if how == signal.SIGINT and code == 130 and "saved" in err:  # the first Ctrl-C saves the step it finished
@@ -255,16 +274,21 @@ def test_interrupted_learned_run_resumes(pair, env, tmp_path):
             assert_complete_output(out, "dual")
         again = args(out, ckpt, *(["--resume", ckpt] if written else []), *(["--force"] if out.exists() else []))
         run_to_end(again, env)
-        resumed += bool(written)
         assert_complete_output(out, "dual")
         after = checkpoints(ckpt)
         assert {name: after.get(name) for name in written} == written, (delay, how)  # untouched
         assert not list(ckpt.glob("*.partial")), (delay, how)
         got = load_file(out / "transforms.safetensors")
         assert got.keys() == expected.keys() and all(torch.equal(got[key], expected[key]) for key in got), \
-            (delay, how)  # resumed or restarted, the same trajectory as the uninterrupted run
+            (delay, how)  # resumed or restarted: the trajectory of the uninterrupted run, bit for bit
         assert staging(work) == [], (delay, how)
-    assert tree_hashes(pair) == sources and resumed >= 1
+        return bool(written)
+
+    # the moments: over training (from a little before the first checkpoint to the end), and Ctrl-C twice
+    points = schedule(duration, LEARNED_POINTS, random.Random(SEED + 2), (signal.SIGINT, signal.SIGKILL,
+                                                                          DOUBLE_SIGINT), start=0.8 * first_checkpoint)
+    resumed = in_lanes(points, check_point)
+    assert tree_hashes(pair) == sources and any(resumed)
 
 
 @pytest.fixture
@@ -280,21 +304,23 @@ def test_interrupted_push(reference, hub, tmp_path):
     home = tmp_path / "hf_home"
     env = {**base_env(home), "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": TOKEN,
            "HF_HUB_CACHE": str(home / "hub"), "TRANSFORMERS_OFFLINE": "0"}
-    parent = tmp_path / "outputs"
-    parent.mkdir()
-    folder = parent / "merged"
-    shutil.copytree(reference[1], folder)
-    duration = run_to_end(["push", folder, "someuser/reliable-baseline"], env)
-    for k, (delay, how) in enumerate(schedule(duration, PUSH_POINTS, random.Random(SEED + 3))):
+    baseline = tmp_path / "baseline" / "merged"
+    shutil.copytree(reference[1], baseline)
+    duration = run_to_end(["push", baseline, "someuser/reliable-baseline"], env)
+
+    def check_point(k: int, delay: float, how) -> str:
+        parent = tmp_path / f"point{k}"
+        folder = parent / "merged"
+        shutil.copytree(reference[1], folder)
         repo = f"someuser/reliable-{k}"
         before = tree_hashes(folder)
         interrupt(["push", folder, repo], env, delay, how)
         after = tree_hashes(folder)
-        published = hub.files(repo) if repo in hub.repos else {}
         changed = {name for name in set(before) | set(after) if before.get(name) != after.get(name)}
         assert changed <= {"README.md"}, (delay, how, changed)
-        if changed:  # the upload went through: the folder's card is the published one
-            assert (folder / "README.md").read_bytes() == published["README.md"], (delay, how)
+        if changed:  # the upload went through: the folder's card is now the published one
+            assert (folder / "README.md").read_bytes() == hub.files(repo)["README.md"], (delay, how)
+        found = "pushed" if changed else ("created" if repo in hub.repos else "untouched")
         run_to_end(["push", folder, repo, "--exist-ok"], env)
         remote = hub.files(repo)
         local = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
@@ -303,4 +329,7 @@ def test_interrupted_push(reference, hub, tmp_path):
         assert remote["barrier.json"] == publishable_report(folder).encode()
         assert tree_hashes(folder).keys() == before.keys()
         assert sorted(p.name for p in parent.iterdir()) == ["merged"], (delay, how)  # no staging copy left
-    assert tree_hashes(reference[1]).keys() == tree_hashes(folder).keys()
+        return found
+
+    found = in_lanes(schedule(duration, PUSH_POINTS, random.Random(SEED + 3)), check_point)
+    assert len(found) == PUSH_POINTS

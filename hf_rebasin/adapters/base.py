@@ -32,6 +32,8 @@ class Adapter:
     backend: ClassVar[str] = "transformers"  # "transformers" or "timm" (see backends.py)
     # checkpoint keys that carry no weights (buffers some versions save), by suffix
     ignored_suffixes: ClassVar[tuple[str, ...]] = ()
+    # other names checkpoint files give a parameter: {name in the model class: (names in files, ...)}
+    checkpoint_aliases: ClassVar[dict[str, tuple[str, ...]]] = {}
     # config fields that must be equal for two models to be aligned (beyond the Spec's shapes)
     compatibility_fields: ClassVar[tuple[str, ...]] = ()
     # module paths, with {i} for the layer, whose INPUT is: the residual stream entering block i ("block"),
@@ -123,8 +125,8 @@ class StateReader:
         value = self.sd[key]
         if not value.is_floating_point():
             return value
-        value = value.to(torch.float32)
-        if not bool(torch.isfinite(value).all()):
+        value = value.to(torch.float32, copy=True)  # never a view of a memory-mapped file
+        if value.device.type != "meta" and not bool(torch.isfinite(value).all()):
             bad = int((~torch.isfinite(value)).sum())
             raise ModelLoadError(f"{self.source} has non-finite weights (NaN or inf): {bad} value"
                                  f"{'s' if bad > 1 else ''} in {key}")

@@ -18,6 +18,7 @@ def rotary_dims(config) -> int:
 class GPTNeoX(Adapter):
     architecture = "GPTNeoXForCausalLM"
     ignored_suffixes = ("rotary_emb.inv_freq", "masked_bias", "attention.bias")
+    checkpoint_aliases = {"lm_head.weight": ("embed_out.weight",)}  # the Hub's Pythia files say embed_out
     compatibility_fields = ("use_parallel_residual", "hidden_act", "rope_parameters", "rope_theta",
                             "max_position_embeddings")
     modules = {"block": "gpt_neox.layers.{i}", "attn_out": "gpt_neox.layers.{i}.attention.dense",
@@ -72,7 +73,7 @@ class GPTNeoX(Adapter):
             p[layer_key(i, f"attn.{name}_bias")] = b[:, j].reshape(h * hd)
         w, b = linear_in(read, pre + "attention.dense")
         p[layer_key(i, "attn.o")] = centre(w)
-        p[layer_key(i, "attn.o_bias")] = centre(b if b is not None else torch.zeros(d))
+        p[layer_key(i, "attn.o_bias")] = centre(b if b is not None else w.new_zeros(d))
         w, b = linear_in(read, pre + "mlp.dense_h_to_4h")
         w, b = fold_norm(read(pre + "post_attention_layernorm.weight"), read(pre + "post_attention_layernorm.bias"),
                          w, b)

@@ -90,7 +90,7 @@ class VisionTransformer(Adapter):
         d, p = spec.d_model, {}
         p["embed.patch"] = centre(read("patch_embed.proj.weight").permute(1, 2, 3, 0))  # (C, p, p, d)
         patch_bias = read.get("patch_embed.proj.bias")
-        p["embed.patch_bias"] = centre(patch_bias if patch_bias is not None else torch.zeros(d))
+        p["embed.patch_bias"] = centre(patch_bias if patch_bias is not None else p["embed.patch"].new_zeros(d))
         for name, key in TOKENS:
             if name in spec.embeddings:
                 p[f"embed.{name}"] = centre(read(key))
@@ -102,14 +102,14 @@ class VisionTransformer(Adapter):
     def layer_to_canonical(self, read, model, spec, i):
         d, pre, p = spec.d_model, f"blocks.{i}.", {}
         w, b = linear_in(read, pre + "attn.qkv")
-        b = b if b is not None else torch.zeros(3 * d)
+        b = b if b is not None else w.new_zeros(3 * d)
         w, b = fold_norm(read(pre + "norm1.weight"), read(pre + "norm1.bias"), w, b)
         for j, name in enumerate("qkv"):
             p[layer_key(i, f"attn.{name}")] = w[:, j * d:(j + 1) * d]
             p[layer_key(i, f"attn.{name}_bias")] = b[j * d:(j + 1) * d]
         for name, module, ls in (("attn.o", "attn.proj", "ls1"), ("mlp.down", "mlp.fc2", "ls2")):
             w, b = linear_in(read, pre + module)
-            b = b if b is not None else torch.zeros(d)
+            b = b if b is not None else w.new_zeros(d)
             gamma = read.get(pre + ls + ".gamma")
             if gamma is not None:
                 w, b = w * gamma, b * gamma
@@ -117,7 +117,7 @@ class VisionTransformer(Adapter):
         w, b = linear_in(read, pre + "mlp.fc1")
         w, b = fold_norm(read(pre + "norm2.weight"), read(pre + "norm2.bias"), w, b)
         p[layer_key(i, "mlp.up")] = w
-        p[layer_key(i, "mlp.up_bias")] = b if b is not None else torch.zeros(spec.ffn_dim)
+        p[layer_key(i, "mlp.up_bias")] = b if b is not None else w.new_zeros(spec.ffn_dim)
         return p
 
     def outside_from_canonical(self, p, model, spec):

@@ -49,7 +49,11 @@ _default_show_warning = warnings.showwarning
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # imports torch: Ctrl-C often lands here
+    except KeyboardInterrupt:
+        print("hf-rebasin: interrupted; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     args.argv = argv
     warnings.showwarning = _show_warning
     try:

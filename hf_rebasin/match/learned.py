@@ -76,7 +76,7 @@ class PathLoss(nn.Module):
         super().__init__()
         from ..models import instantiate
         self.ends = nn.ModuleDict(ends)
-        self.graphs = {str(k): g for k, g in enumerate(graphs)}
+        self.graphs = {str(k): g.materialise() for k, g in enumerate(graphs)}  # trained through: held in memory
         self.template, self.task, self.autocast_dtype = template, task, autocast_dtype
         self.__dict__["model"] = strip_parameters(instantiate(graphs[0], template))  # not a submodule
         self.__dict__["norms"] = template.adapter.norm_modules(self.model) if graphs[0].spec.scale_exact else []

@@ -11,6 +11,7 @@ rotation and the orthogonal freedom left inside each balanced head, fitted to A.
 from __future__ import annotations
 
 import copy
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
@@ -184,14 +185,14 @@ def residual_cross(pa: dict, pb: dict) -> Tensor:
     Plain Frobenius inner products, so G maximises exactly the overlap that relative_distance
     measures.  (Normalising each tensor to count alike gave the small positional embedding and the
     final norm's bias as much say as the token embeddings, and G came out nearly unrelated to the
-    rotation between the two residual streams.)"""
+    rotation between the two residual streams.)  Each product in fp32, the sum in fp64."""
     m = None
     for key, a in pa.items():
         role, b = residual_role(key), pb[key]
         if role in ("write", "norm_bias"):
-            term = (b.reshape(-1, b.shape[-1]).T @ a.reshape(-1, a.shape[-1])).double()
+            term = (b.reshape(-1, b.shape[-1]).T.float() @ a.reshape(-1, a.shape[-1]).float()).double()
         elif role == "read":
-            term = (b @ a.T).double()
+            term = (b.float() @ a.T.float()).double()
         else:
             continue
         m = term if m is None else m + term
@@ -204,20 +205,13 @@ def solve_rotation(m: Tensor, spec: Spec, residual: str) -> Tensor:
     return (procrustes_fixing_ones(m) if spec.centred else procrustes(m)).float()
 
 
-def _layer(params: dict, i: int) -> dict:
-    prefix = f"layers.{i}."
-    return {k: v for k, v in params.items() if k.startswith(prefix)}
-
-
-def _outside_layers(params: dict) -> dict:
-    return {k: v for k, v in params.items() if not k.startswith("layers.")}
-
-
-def balance_transform(graph: Graph, head_maps: bool = True, glu: bool = True) -> Transform:
-    """The canonical factorisation of one model (its transform in weight matching)."""
+def balance_transform(graph, head_maps: bool = True, glu: bool = True) -> Transform:
+    """The canonical factorisation of one model (its transform in weight matching), one layer at a time."""
     spec, t = graph.spec, Transform.identity(graph.spec)
+    if not ((head_maps and spec.head_maps) or (glu and spec.glu)):
+        return t
     for i in range(spec.n_layers):
-        p = _layer(graph.params, i)
+        p = graph.layer(i)
         if head_maps and spec.head_maps:
             t.qk_maps[i], t.ov_maps[i] = balance_maps(p, i, spec)
         if glu and spec.glu:
@@ -225,64 +219,130 @@ def balance_transform(graph: Graph, head_maps: bool = True, glu: bool = True) ->
     return t
 
 
-def relative_distance(pa: dict, b: Graph, t: Transform) -> float:
-    """sum ||A - t(B)||^2 / sum ||A||^2 over all tensors."""
+def _sq(tensors: dict) -> float:
+    return sum(float(v.double().pow(2).sum()) for v in tensors.values())
+
+
+def _dot(pa: dict, pb: dict, only_unrotated: bool = False) -> float:
+    return sum(float((a.double() * pb[k].double()).sum()) for k, a in pa.items()
+               if not only_unrotated or residual_role(k) is None)
+
+
+def relative_distance(pa, b, t: Transform) -> float:
+    """sum ||A - t(B)||^2 / sum ||A||^2 over all tensors (A a graph or a dict of its tensors), layer by layer."""
+    a = pa if hasattr(pa, "layer") else Graph(b.spec, pa, b.norm_eps)
     num = den = 0.0
-    groups = [(_outside_layers(pa), {k: rotate_residual(k, v, t) for k, v in _outside_layers(b.params).items()})]
-    groups += [(_layer(pa, i), transform_layer(b.params, i, b.spec, t)) for i in range(b.spec.n_layers)]
+    groups = [(a.outside(), {k: rotate_residual(k, v, t) for k, v in b.outside().items()})]
+    groups += [(a.layer(i), transform_layer(b.layer(i), i, b.spec, t)) for i in range(b.spec.n_layers)]
     for ga, gb in groups:
-        for k, a in ga.items():
-            num += float((a - gb[k]).pow(2).sum(dtype=torch.float64))
-            den += float(a.pow(2).sum(dtype=torch.float64))
+        for k, x in ga.items():
+            num += float((x - gb[k]).pow(2).sum(dtype=torch.float64))
+            den += float(x.pow(2).sum(dtype=torch.float64))
     return num / max(den, 1e-30)
 
 
-def weight_matching(a: Graph, b: Graph, *, residual: str = "orthogonal", head_maps: bool = True,
-                    max_rounds: int = 10, tol: float = 1e-4, progress: bool = True, balance_a: bool = True):
-    """Find (t_a, t_b) with apply(b, t_b) close to apply(a, t_a) in weight space.
+class _Round:
+    """One round of coordinate descent, streamed layer by layer.  The FFN assignment of a layer (the costly
+    exact solve) runs in a worker thread while the next layer's scores are computed."""
+
+    def __init__(self, pa, b, t: Transform, full: bool, pool: ThreadPoolExecutor, first: bool):
+        self.pa, self.b, self.t, self.full, self.pool, self.first = pa, b, t, full, pool, first
+        self.spec = b.spec
+        self.rotated_only = Transform.identity(self.spec)
+        self.rotated_only.rotation, self.rotated_only.scale = t.rotation, t.scale
+        self.norm_a = self.norm_b_raw = self.overlap_start = 0.0  # for the distance of the start (round 1 only)
+        self.norm_b = self.unrotated = 0.0
+        self.m = None
+
+    def prepare(self, i: int) -> dict:
+        spec = self.spec
+        la, lb_raw = self.pa.layer(i), self.b.layer(i)
+        lb = transform_layer(lb_raw, i, spec, self.rotated_only)
+        if self.first:
+            self.norm_a += _sq(la)
+            self.norm_b_raw += _sq(lb_raw)
+            self.overlap_start += _dot(la, lb)
+        head_perm = match_heads(head_scores(la, lb, i, spec), spec)
+        ffn = self.pool.submit(assignment, ffn_scores(la, lb, i, spec))
+        return {"i": i, "la": la, "lb": lb, "lb_raw": lb_raw, "head_perm": head_perm, "ffn": ffn}
+
+    def finish(self, job: dict) -> None:
+        i, spec, t = job["i"], self.spec, self.t
+        perms = Transform.identity(spec)
+        perms.head_perm[i], perms.ffn_perm[i] = job["head_perm"], job["ffn"].result()
+        lbp = transform_layer(job["lb"], i, spec, perms, rotate=False)
+        t.head_perm[i], t.ffn_perm[i] = perms.head_perm[i], perms.ffn_perm[i]
+        if self.full and spec.head_maps:
+            t.qk_maps[i], t.ov_maps[i] = fit_maps(job["la"], lbp, i, spec)
+        if self.full and spec.glu:
+            t.glu_scale[i] = match_glu_scales(job["la"], lbp, i)
+        b_prime = transform_layer(job["lb_raw"], i, spec, t, rotate=False)
+        cross = residual_cross(job["la"], b_prime)
+        self.m = cross if self.m is None else self.m + cross
+        self.norm_b += _sq(b_prime)
+        self.unrotated += _dot(job["la"], b_prime, only_unrotated=True)
+
+    def run(self, bar) -> None:
+        pending = self.prepare(0)
+        for i in range(self.spec.n_layers):
+            following = self.prepare(i + 1) if i + 1 < self.spec.n_layers else None
+            self.finish(pending)
+            pending = following
+            bar.update(1)
+
+
+def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = True, max_rounds: int = 10,
+                    tol: float = 1e-4, progress: bool = True, balance_a: bool = True):
+    """Find (t_a, t_b) with apply(b, t_b) close to apply(a, t_a) in weight space, reading the models one layer
+    at a time (a and b may be lazy graphs over their checkpoint files).
 
     residual="orthogonal" is the full group; residual="permutation" with head_maps=False is the
     permutation-only ablation (Git Re-Basin's treatment of the residual stream).  balance_a=False keeps
-    a as it is (t_a = identity): used when a is the running average of several aligned models."""
+    a as it is (t_a = identity): used when a is the running average of several aligned models.
+
+    The distance sum ||A - t(B)||^2 / sum ||A||^2 of each round is computed without another pass: the group
+    acts orthogonally on the residual-facing tensors, so ||t(B)||^2 is the norm of B after the permutations and
+    maps, and the overlap of the rotated tensors is tr(G^T M) with M the cross-products the round accumulated."""
     from . import Alignment
     spec = a.spec
     full = head_maps
     t_a = balance_transform(a, head_maps=full and balance_a, glu=full and balance_a)
-    pa = apply(a, t_a).params
+    pa = apply(a, t_a)
+    out_a, out_b = pa.outside(), b.outside()
+    m_out = residual_cross(out_a, out_b)
+    norm_a_out, norm_b_out, unrotated_out = _sq(out_a), _sq(out_b), _dot(out_a, out_b, only_unrotated=True)
     t = Transform.identity(spec)
     # Seed G from what both models index alike: embeddings (tokens, positions, patches) and the head.
-    t.rotation = solve_rotation(residual_cross(_outside_layers(pa), _outside_layers(b.params)), spec, residual)
-    log = [{"round": 0, "step": "init", "distance": relative_distance(pa, b, t)}]
-    best, best_distance = copy.deepcopy(t), log[0]["distance"]
+    t.rotation = solve_rotation(m_out, spec, residual)
+    log, best, best_distance, norm_a = [], None, None, None
     bar = tqdm(total=max_rounds * spec.n_layers, desc="weight matching", disable=not progress, leave=False)
-    for round_ in range(1, max_rounds + 1):
-        rotated_only = Transform.identity(spec)
-        rotated_only.rotation, rotated_only.scale = t.rotation, t.scale
-        m = residual_cross(_outside_layers(pa), _outside_layers(b.params))
-        for i in range(spec.n_layers):
-            la = _layer(pa, i)
-            lb = transform_layer(b.params, i, spec, rotated_only)
-            perms = Transform.identity(spec)
-            perms.head_perm[i] = match_heads(head_scores(la, lb, i, spec), spec)
-            perms.ffn_perm[i] = assignment(ffn_scores(la, lb, i, spec))
-            lbp = transform_layer(lb, i, spec, perms, rotate=False)
-            t.head_perm[i], t.ffn_perm[i] = perms.head_perm[i], perms.ffn_perm[i]
-            if full and spec.head_maps:
-                t.qk_maps[i], t.ov_maps[i] = fit_maps(la, lbp, i, spec)
-            if full and spec.glu:
-                t.glu_scale[i] = match_glu_scales(la, lbp, i)
-            m = m + residual_cross(la, transform_layer(b.params, i, spec, t, rotate=False))
-            bar.update(1)
-        t.rotation = solve_rotation(m, spec, residual)
-        distance = relative_distance(pa, b, t)
-        log.append({"round": round_, "distance": distance})
-        bar.set_postfix(distance=f"{distance:.4f}")
-        if distance < best_distance:
-            best, best_distance = copy.deepcopy(t), distance
-        previous = log[-2]["distance"]
-        if previous - distance <= tol * max(previous, 1e-12):
-            break
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for round_ in range(1, max_rounds + 1):
+            start = copy.deepcopy(t)
+            step = _Round(pa, b, t, full, pool, first=round_ == 1)
+            step.run(bar)
+            if round_ == 1:
+                norm_a = norm_a_out + step.norm_a
+                overlap = _trace(start.rotation, m_out) + unrotated_out + step.overlap_start
+                distance = (norm_a + norm_b_out + step.norm_b_raw - 2 * overlap) / max(norm_a, 1e-30)
+                log.append({"round": 0, "step": "init", "distance": distance})
+                best, best_distance = start, distance
+            m = m_out + step.m
+            t.rotation = solve_rotation(m, spec, residual)
+            overlap = _trace(t.rotation, m) + unrotated_out + step.unrotated
+            distance = (norm_a + norm_b_out + step.norm_b - 2 * overlap) / max(norm_a, 1e-30)
+            log.append({"round": round_, "distance": distance})
+            bar.set_postfix(distance=f"{distance:.4f}")
+            if distance < best_distance:
+                best, best_distance = copy.deepcopy(t), distance
+            previous = log[-2]["distance"]
+            if previous - distance <= tol * max(previous, 1e-12):
+                break
     bar.close()
-    t = best  # the steps are not all exact minimisers of the distance: keep the best round
     settings = {"residual": residual, "head_maps": full, "max_rounds": max_rounds, "tol": tol}
-    return Alignment([t_a, t], log, settings)
+    return Alignment([t_a, best], log, settings)  # the steps are not all exact minimisers: keep the best round
+
+
+def _trace(rotation: Tensor, m: Tensor) -> float:
+    """tr(G^T M): the overlap of the rotated residual-facing tensors."""
+    return float((rotation.double() * m).sum())

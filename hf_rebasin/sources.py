@@ -1,0 +1,200 @@
+"""A checkpoint's weights read tensor by tensor from its files, never a whole model in memory.
+
+safetensors files are memory-mapped (``safe_open``): a tensor is read when it is asked for, in its stored
+dtype, and its pages are let go when it is dropped.  A source with only ``.bin`` weights is read with
+``torch.load(mmap=True, weights_only=True)``.  Sharded checkpoints are found through their index.  From the
+Hub, only what is needed is downloaded: config, tokenizer files and the safetensors shards (the ``.bin``
+files only when a repository has no safetensors).
+
+Keys are given as the model class names its parameters (``lm_head.weight``); the files may name them
+otherwise (GPT-NeoX checkpoints say ``embed_out.weight``, a GPT-2 saved from ``GPT2Model`` has no
+``transformer.`` prefix).  ``aliases`` and ``prefix`` bridge the two."""
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .canonical import LazyGraph
+from .errors import ModelLoadError
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+BIN_INDEX = "pytorch_model.bin.index.json"
+DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+          "BOOL": torch.bool}
+NOT_WEIGHTS = {"transforms.safetensors", "training_args.bin", "optimizer.bin", "scheduler.bin"}
+HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", SAFETENSORS_INDEX, "tokenizer*", "vocab.*",
+             "merges.txt", "special_tokens_map.json", "added_tokens.json", "README.md", "*.model"]
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The files holding a checkpoint folder's weights: safetensors when there are any, else .bin."""
+    for index, pattern in ((SAFETENSORS_INDEX, "*.safetensors"), (BIN_INDEX, "*.bin")):
+        if (folder / index).is_file():
+            try:
+                shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
+            except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as error:
+                raise ModelLoadError(f"{folder / index} is not a valid weight index ({error})") from error
+            missing = [name for name in shards if not (folder / name).is_file()]
+            if missing:
+                raise ModelLoadError(f"{folder} lacks {', '.join(missing[:3])}, listed in {index}: the download or "
+                                     "copy is incomplete")
+            return [folder / name for name in shards]
+        found = sorted(p for p in folder.glob(pattern) if not p.name.startswith(".") and p.name not in NOT_WEIGHTS)
+        preferred = [p for p in found if p.name.startswith(("model", "pytorch_model"))]
+        if preferred or found:
+            return preferred or found
+    raise ModelLoadError(f"{folder} holds no weights (no *.safetensors and no *.bin files)")
+
+
+def download(repo_id: str) -> Path:
+    """A local snapshot of a Hub model with only the files hf-rebasin needs."""
+    from huggingface_hub import HfApi, snapshot_download
+    try:
+        files = HfApi().list_repo_files(repo_id)  # a client made now: the endpoint as configured now
+        patterns = list(HUB_FILES)
+        if not any(name.endswith(".safetensors") for name in files):
+            patterns += ["*.bin", BIN_INDEX]
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as error:  # noqa: BLE001 - every Hub failure is the same user problem
+        raise ModelLoadError(f"could not download the weights of {repo_id!r} from the Hugging Face Hub "
+                             f"({type(error).__name__}: {' '.join(str(error).split())})") from error
+
+
+class CheckpointFiles(Mapping):
+    """{parameter name: tensor} over a checkpoint folder's weight files, read on demand.
+
+    `expected`: the parameter (and buffer) names of the model class; a file key that is not one of them is
+    matched to one by an alias of the adapter or by the class's base-model prefix.  Keys that match nothing
+    keep their file names (the adapter then refuses them as unknown parameters)."""
+
+    def __init__(self, folder: str | Path, expected: set[str] | None = None,
+                 aliases: dict[str, tuple[str, ...]] | None = None, prefix: str = ""):
+        self.folder = Path(folder)
+        self.files = weight_files(self.folder)
+        self.location: dict[str, tuple[Path, str]] = {}  # parameter name -> (file, key in the file)
+        self.shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
+        self._bin_cache: dict[Path, dict] = {}
+        renamed = {alias: name for name, names in (aliases or {}).items() for alias in names}
+        for path in self.files:
+            for key, shape, dtype in self._header(path):
+                name = key
+                if expected is not None and key not in expected:
+                    if renamed.get(key) in expected:
+                        name = renamed[key]
+                    elif prefix and f"{prefix}.{key}" in expected:
+                        name = f"{prefix}.{key}"
+                self.location[name] = (path, key)
+                self.shapes[name] = (shape, dtype)
+
+    def _header(self, path: Path):
+        if path.suffix == ".safetensors":
+            try:
+                from safetensors import safe_open
+                with safe_open(str(path), "pt") as handle:
+                    for key in handle.keys():
+                        piece = handle.get_slice(key)
+                        yield key, torch.Size(piece.get_shape()), DTYPES.get(piece.get_dtype(), torch.float32)
+            except Exception as error:  # noqa: BLE001 - a truncated or corrupt file
+                raise ModelLoadError(f"could not load the weights of {self.folder}: {path.name} is not a valid "
+                                     f"safetensors file ({type(error).__name__}: {error}). Are the weight files "
+                                     "complete and uncorrupted?") from error
+            return
+        for key, value in self._bin(path).items():
+            yield key, value.shape, value.dtype
+
+    def _bin(self, path: Path) -> dict:
+        if path not in self._bin_cache:
+            try:
+                self._bin_cache[path] = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+            except Exception as error:  # noqa: BLE001
+                raise ModelLoadError(f"could not load the weights of {self.folder}: {path.name} "
+                                     f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+                                     ) from error
+        return self._bin_cache[path]
+
+    def __getitem__(self, name: str) -> Tensor:
+        path, key = self.location[name]
+        if path.suffix != ".safetensors":
+            return self._bin(path)[key]
+        from safetensors import safe_open
+        with safe_open(str(path), "pt") as handle:
+            return handle.get_tensor(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.location)
+
+    def __len__(self) -> int:
+        return len(self.location)
+
+    def check_finite(self, source: str) -> None:
+        """Read every floating tensor once and refuse NaN or inf, naming the file's own key (cheap next to any
+        matching: one read of the files, a tensor at a time)."""
+        for name, (path, key) in self.location.items():
+            tensor = self[name]
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                bad = int((~torch.isfinite(tensor)).sum())
+                raise ModelLoadError(f"{source} has non-finite weights (NaN or inf): {bad} value"
+                                     f"{'s' if bad > 1 else ''} in {key} ({path.name})")
+            del tensor
+
+    def meta(self) -> dict[str, Tensor]:
+        """The same names with empty tensors of the stored shapes and dtypes (on the meta device)."""
+        return {name: torch.empty(shape, dtype=dtype, device="meta") for name, (shape, dtype) in self.shapes.items()}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating dtype most of the weights are stored in (by bytes)."""
+        sizes = Counter()
+        for shape, dtype in self.shapes.values():
+            if dtype.is_floating_point:
+                sizes[dtype] += shape.numel() * dtype.itemsize
+        return sizes.most_common(1)[0][0] if sizes else torch.float32
+
+    @property
+    def nbytes(self) -> int:
+        return sum(shape.numel() * dtype.itemsize for shape, dtype in self.shapes.values())
+
+
+class SpilledGraph(LazyGraph):
+    """A lazy graph computed once and kept in files, fp32, one safetensors file per part (the tensors outside the
+    layers, then each layer), so that evaluating many points of a path reads it instead of recomputing it."""
+
+    def __init__(self, graph, folder: str | Path):
+        from safetensors.torch import save_file
+        self.folder, self.spec, self.norm_eps = Path(folder), graph.spec, graph.norm_eps
+        self.meta = dict(getattr(graph, "meta", {}) or {})
+        self.folder.mkdir(parents=True, exist_ok=True)
+        save_file(_contiguous(graph.outside()), str(self.folder / "outside.safetensors"))
+        for i in range(self.spec.n_layers):
+            save_file(_contiguous(graph.layer(i)), str(self.folder / f"layer-{i:05d}.safetensors"))
+
+    def _read(self, name: str) -> dict[str, Tensor]:
+        from safetensors.torch import load_file
+        return load_file(str(self.folder / name))
+
+    def outside(self) -> dict[str, Tensor]:
+        return self._read("outside.safetensors")
+
+    def layer(self, i: int) -> dict[str, Tensor]:
+        return self._read(f"layer-{i:05d}.safetensors")
+
+
+def _contiguous(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v.detach().float().contiguous().clone() for k, v in tensors.items()}
+
+
+def canonical_bytes(graph) -> int:
+    """Bytes of the graph in fp32 (from its shapes when it knows them, else from its tensors)."""
+    shapes = getattr(graph, "shapes", None)
+    if shapes is None and hasattr(graph, "base"):
+        shapes = getattr(graph.base, "shapes", None)
+    if shapes is not None:
+        return 4 * sum(math.prod(shape) for shape in shapes.values())
+    return 4 * sum(v.numel() for v in graph.params.values())

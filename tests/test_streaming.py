@@ -1,0 +1,136 @@
+"""Streaming: models are read from their files one layer at a time, exported shard by shard in the sources'
+dtype, and give the same results as the whole models held in memory."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from hf_rebasin import models, tiny
+from hf_rebasin.canonical import Graph, interpolate
+from hf_rebasin.cli import main
+from hf_rebasin.match.weight import weight_matching
+from hf_rebasin.sources import CheckpointFiles
+from hf_rebasin.symmetry import apply
+
+import corpus
+from hub_server import FakeHub, use_fake_hub
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "heldout.txt"
+    path.write_text(corpus.heldout_text(20000))
+    return path
+
+
+def half_copy(source, out):
+    """The checkpoint re-saved in fp16, as the Hub stores Pythia."""
+    model = models.load(source).model.half()
+    model.save_pretrained(out, safe_serialization=True)
+    tiny.tiny_tokenizer(model.config.vocab_size).save_pretrained(out)
+    return out
+
+
+def stored(folder) -> dict[str, torch.Tensor]:
+    files = CheckpointFiles(folder)
+    return {name: files[name] for name in files}
+
+
+def test_streamed_merge_equals_the_whole_models_in_memory(tiny_dirs, tmp_path, text_file, monkeypatch):
+    from hf_rebasin import pipeline
+    monkeypatch.setattr(pipeline, "IN_MEMORY_BYTES", 0)  # the aligned models are spilled to files and streamed
+    a_dir, b_dir = tiny_dirs["llama_gqa_tied"], tiny.make_tiny("llama_gqa_tied", tmp_path / "b", seed=4)
+    out = tmp_path / "merged"
+    assert main(["merge", str(a_dir), str(b_dir), "--method", "wm", "--out", str(out), "--data", str(text_file),
+                 "--seq-len", "32", "--max-eval-tokens", "1024", "--lambdas", "3"]) == 0
+    # the same computation on graphs held whole in memory (no lazy graph anywhere)
+    template = models.load(a_dir)
+    whole_a, whole_b = (models.canonicalise(models.load(d)).materialise() for d in (a_dir, b_dir))
+    assert isinstance(whole_a, Graph) and isinstance(whole_b, Graph)
+    reference = weight_matching(whole_a, whole_b, progress=False)
+    streamed = weight_matching(models.canonicalise(template), models.canonicalise(models.load(b_dir)), progress=False)
+    for t_ref, t_str in zip(reference.transforms, streamed.transforms):
+        for key, value in t_ref.to_tensors().items():
+            assert torch.allclose(value.double(), t_str.to_tensors()[key].double(), atol=1e-6), key
+    merged = interpolate([apply(whole_a, reference.transform_a), apply(whole_b, reference.transform_b)], [0.5, 0.5])
+    expected = models.instantiate(merged, template).state_dict()
+    exported = stored(out)
+    assert set(exported) == set(expected) - {"lm_head.weight"} or set(exported) == set(expected)
+    for name, value in exported.items():
+        assert value.dtype == torch.float32  # the sources are fp32
+        assert (value - expected[name]).abs().max() <= 1e-6, name
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the spilled files are gone
+
+
+def test_export_keeps_the_sources_dtype_in_shards(tiny_dirs, tmp_path, text_file):
+    a_dir = half_copy(tiny_dirs["gpt_neox"], tmp_path / "a16")
+    b_dir = half_copy(tiny.make_tiny("gpt_neox", tmp_path / "b", seed=3), tmp_path / "b16")
+    source_bytes = CheckpointFiles(a_dir).nbytes
+    out = tmp_path / "merged"
+    assert main(["merge", str(a_dir), str(b_dir), "--method", "wm", "--out", str(out), "--data", str(text_file),
+                 "--seq-len", "32", "--max-eval-tokens", "1024", "--lambdas", "3", "--max-shard-size", "8kB"]) == 0
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 3 and all((out / name).is_file() for name in shards)
+    assert shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    for name in shards:
+        with safe_open(str(out / name), "pt") as handle:
+            keys = list(handle.keys())
+            assert {handle.get_slice(k).get_dtype() for k in keys} == {"F16"}
+            assert all(index["weight_map"][k] == name for k in keys)
+            assert len(keys) == 1 or (out / name).stat().st_size <= 8000 + 4096
+    assert index["metadata"]["total_size"] == source_bytes == CheckpointFiles(out).nbytes  # same size as a source
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float16"
+    import transformers
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out)  # the stock loader reads the shards
+    assert reloaded.dtype == torch.float16
+    report = json.loads((out / "barrier.json").read_text())
+    merged_fp32 = reloaded.float()
+    from hf_rebasin.evaluation import EvalData, evaluate
+    from hf_rebasin.data import load_token_windows
+    windows, _ = load_token_windows(str(text_file), models.load(out).backend.tokenizer(out), 32, 1024)
+    assert evaluate(merged_fp32, EvalData("causal-lm", windows))["loss"] == pytest.approx(report["merged_loss"],
+                                                                                         abs=2e-2)  # fp16 rounding
+    assert main(["merge", str(a_dir), str(b_dir), "--method", "raw", "--out", str(tmp_path / "m32"), "--data",
+                 str(text_file), "--seq-len", "32", "--max-eval-tokens", "1024", "--lambdas", "3",
+                 "--dtype", "float32"]) == 0
+    assert {v.dtype for v in stored(tmp_path / "m32").values()} == {torch.float32}
+    with safe_open(str(tmp_path / "m32" / "transforms.safetensors"), "pt") as handle:
+        assert "b.rotation" not in handle.keys() and "b.scale" in handle.keys()  # raw: identity transforms
+
+
+def test_a_source_with_only_bin_weights_is_read_memory_mapped(tiny_dirs, tmp_path, text_file):
+    model = models.load(tiny_dirs["gpt2"]).model
+    (tmp_path / "bin").mkdir()
+    model.config.save_pretrained(tmp_path / "bin")
+    torch.save(model.state_dict(), tmp_path / "bin" / "pytorch_model.bin")  # what older checkpoints hold
+    tiny.tiny_tokenizer(model.config.vocab_size).save_pretrained(tmp_path / "bin")
+    assert not list((tmp_path / "bin").glob("*.safetensors")) and list((tmp_path / "bin").glob("*.bin"))
+    loaded = models.load(tmp_path / "bin")
+    assert loaded.files.files[0].suffix == ".bin"
+    graph, reference = models.canonicalise(loaded), models.canonicalise(models.load(tiny_dirs["gpt2"]))
+    for key, value in reference.params.items():
+        assert torch.equal(graph.params[key], value), key
+    assert main(["barrier", str(tmp_path / "bin"), str(tiny_dirs["gpt2"]), "--method", "wm", "--data",
+                 str(text_file), "--seq-len", "32", "--max-eval-tokens", "1024", "--lambdas", "3"]) == 0
+
+
+def test_hub_download_fetches_only_the_safetensors(tiny_dirs, tmp_path, monkeypatch):
+    folder = tmp_path / "repo"
+    model = models.load(tiny_dirs["gpt_neox"]).model
+    model.save_pretrained(folder, safe_serialization=True)
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")  # the duplicate .bin weights some repos carry
+    tiny.tiny_tokenizer(97).save_pretrained(folder)
+    with FakeHub(lifetime_s=120) as hub:
+        home = use_fake_hub(monkeypatch, hub, tmp_path / "home")
+        hub.add_folder("someuser/neox-both", folder)
+        loaded = models.load("someuser/neox-both")
+        downloaded = {p.name for p in loaded.folder.iterdir()}
+        assert "model.safetensors" in downloaded and "pytorch_model.bin" not in downloaded
+        assert not list(home.rglob("pytorch_model.bin"))
+        x = tiny.example_inputs("gpt_neox")
+        exported = models.instantiate(models.canonicalise(loaded), loaded)
+        assert (tiny.outputs(exported, x) - tiny.outputs(model, x)).abs().max() <= 1e-5
