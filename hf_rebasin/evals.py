@@ -9,14 +9,12 @@ import difflib
 import importlib
 import json
 import logging
-import os
-import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import UserError
 from .io import atomic_write, edited_dir
@@ -65,7 +63,8 @@ def include_paths(include_path: str | Path | Sequence[str | Path] | None) -> tup
     paths = []
     for path in raw:
         if not Path(path).is_dir():
-            raise UserError(f"--include-path {path} is not a folder: pass the folder that holds your lm-eval task YAMLs")
+            raise UserError(f"--include-path {path} is not a folder: pass the folder that holds your lm-eval "
+                            "task YAMLs")
         paths.append(str(Path(path).resolve()))
     return tuple(paths)
 
@@ -129,7 +128,8 @@ def prepare_tasks(tasks: str | Sequence[str], include_path=None) -> TaskSet:
     names = parse_task_names(tasks)
     paths = include_paths(include_path)
     manager = choose_task_manager(names, paths)
-    unknown = [n for n in names if n not in manager.all_tasks and not (n.endswith((".yaml", ".yml")) and Path(n).is_file())]
+    unknown = [n for n in names
+               if n not in manager.all_tasks and not (n.endswith((".yaml", ".yml")) and Path(n).is_file())]
     if unknown:
         raise UserError(unknown_task_message(unknown, manager, paths))
     objects, owner = [], {}
@@ -164,6 +164,7 @@ def pick_device(device: str | None) -> str:
 
 def load_language_model(source: str, device: str):
     from transformers import AutoTokenizer
+
     from .models import load
     check_language_model(source)
     model = load(source).model
@@ -280,7 +281,6 @@ def evaluate_merge(out_dir: str | Path, options: EvalOptions | None = None, *, a
     """Score a merge output folder (and with options.endpoints its sources) with lm-eval; write eval.json and
     refresh the card, both through a staging copy of the folder swapped in at the end (nothing is changed if
     anything fails).  Returns the eval.json content."""
-    import json
     options = options or EvalOptions()
     options.check()
     out_dir = Path(out_dir)

@@ -58,16 +58,16 @@ class MergeOptions:
     """Everything `merge` and `barrier` take besides the models."""
 
     method: str = option("wm", "matching method (see the table in --help)", group=MATCHING)
-    data: str | None = option(None, "held-out data: a .txt file or folder, .jsonl, a datasets spec NAME[:CONFIG[:SPLIT]] "
-                              f"(LM default {DEFAULT_LM_DATA}); images: an ImageFolder, an .npz or a datasets spec",
+    data: str | None = option(None, "held-out data: a .txt file or folder, .jsonl, a datasets spec "
+                              f"NAME[:CONFIG[:SPLIT]] (LM default {DEFAULT_LM_DATA}); images: an ImageFolder, an .npz or a datasets spec",
                               group=EVALUATION)
     text_field: str = option("text", "text field of .jsonl / datasets rows", group=EVALUATION)
     alpha: float | None = option(None, f"two models: the merged model is (1-α)·A + α·π(B) (default {DEFAULT_ALPHA})",
                                  group=EVALUATION, low=0.0, high=1.0)
     lambdas: int | None = option(None, f"two models: points on the λ grid from 0 to 1 (default {DEFAULT_LAMBDAS})",
                                  group=EVALUATION, low=2, high=1001)
-    simplex_resolution: int | None = option(None, "three or more models: lattice step 1/r on the simplex (default 6 for "
-                                            "three models, else the largest r <= N whose lattice has at most "
+    simplex_resolution: int | None = option(None, "three or more models: lattice step 1/r on the simplex "
+                                            "(default 6 for three models, else the largest r <= N whose lattice has at most "
                                             f"{MAX_LATTICE_POINTS} points)", group=EVALUATION, low=1)
     seq_len: int | None = option(None, "window length in tokens (default min(512, context))", group=EVALUATION, low=2)
     max_eval_tokens: int = option(65536, "cap on evaluated tokens", group=EVALUATION, low=1)
@@ -165,8 +165,8 @@ class MergeOptions:
                                     "and evaluated on the simplex lattice (--simplex-resolution)")
             points = lattice_size(n_models, self.resolution(n_models))
             if points > MAX_LATTICE_POINTS:
-                problems.append(f"--simplex-resolution {self.resolution(n_models)} with {n_models} models gives {points:,} "
-                                f"lattice points (model evaluations); the limit is {MAX_LATTICE_POINTS}: lower "
+                problems.append(f"--simplex-resolution {self.resolution(n_models)} with {n_models} models gives "
+                                f"{points:,} lattice points (model evaluations); the limit is {MAX_LATTICE_POINTS}: lower "
                                 "--simplex-resolution")
         elif self.simplex_resolution is not None:
             problems.append("--simplex-resolution is for three or more models; two models use --lambdas")
@@ -179,7 +179,8 @@ class MergeOptions:
             problems.append(f"--warmup must be in [0, --steps), got {self.warmup} with --steps {self.steps}")
         if self.grad_accum >= 1 and self.learn_batch_size % (self.grad_accum * num_processes):  # 0: a range problem
             problems.append(f"--learn-batch-size {self.learn_batch_size} is not divisible by --grad-accum "
-                            f"({self.grad_accum}) × processes ({num_processes}); every micro-batch must have the same size")
+                            f"({self.grad_accum}) × processes ({num_processes}); every micro-batch must have the "
+                            "same size")
         problems += device_problems(self.device, "--device")
         try:
             self.shard_bytes()

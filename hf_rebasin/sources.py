@@ -55,8 +55,11 @@ def weight_files(folder: Path) -> list[Path]:
 
 def download(repo_id: str) -> Path:
     """A local snapshot of a Hub model with only the files hf-rebasin needs."""
-    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub import HfApi, constants, snapshot_download
     try:
+        if constants.HF_HUB_OFFLINE:  # offline: what the cache holds (weight_files then says what is missing)
+            return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES + ["*.bin", BIN_INDEX],
+                                          local_files_only=True))
         files = HfApi().list_repo_files(repo_id)  # a client made now: the endpoint as configured now
         patterns = list(HUB_FILES)
         if not any(name.endswith(".safetensors") for name in files):

@@ -33,8 +33,8 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from hf_rebasin import models
-    from hf_rebasin.evaluation import EvalData
     from hf_rebasin.data import load_token_windows
+    from hf_rebasin.evaluation import EvalData
     from hf_rebasin.match.learned import is_main_process, learn
     from hf_rebasin.match.weight import weight_matching
     from hf_rebasin.options import MergeOptions

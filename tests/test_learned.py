@@ -14,10 +14,10 @@ import torch
 from conftest import REPO, train_char_models
 
 from hf_rebasin import models, symmetry, tiny
-from hf_rebasin.evaluation import EvalData, evaluate
 from hf_rebasin.canonical import Spec, interpolate
 from hf_rebasin.cli import main
 from hf_rebasin.errors import UserError
+from hf_rebasin.evaluation import EvalData, evaluate
 from hf_rebasin.match import METHODS, Alignment, MatchContext
 from hf_rebasin.match.learned import PathLoss, learn
 from hf_rebasin.match.params import GeneralLinear, HeadMaps, LearnedPermutation, OnesFixingOrthogonal, Orthogonal

@@ -91,8 +91,8 @@ def test_merge_output_and_protocol(tiny_dirs, tmp_path, text_file):
     assert report["barrier"] == pytest.approx(max(excess))
     assert report["command"].startswith("hf-rebasin merge ")
     # the merged model measured independently, with the same protocol (α = 0.3 is on the grid)
-    from hf_rebasin.evaluation import EvalData, evaluate
     from hf_rebasin.data import load_token_windows
+    from hf_rebasin.evaluation import EvalData, evaluate
     windows, _ = load_token_windows(str(text_file), AutoTokenizer.from_pretrained(out), 32, 2048)
     loss = evaluate(models.load(out).model, EvalData("causal-lm", windows))["loss"]
     assert abs(loss - report["merged_loss"]) < 1e-3 and abs(loss - report["loss"][3]) < 1e-3
@@ -114,8 +114,8 @@ def test_alpha_off_grid_is_evaluated(tiny_dirs, tmp_path, text_file):
     report = json.loads((tmp_path / "m" / "barrier.json").read_text())
     from transformers import AutoTokenizer
 
-    from hf_rebasin.evaluation import EvalData, evaluate
     from hf_rebasin.data import load_token_windows
+    from hf_rebasin.evaluation import EvalData, evaluate
     windows, _ = load_token_windows(str(text_file), AutoTokenizer.from_pretrained(tmp_path / "m"), 32, 1024)
     assert abs(evaluate(models.load(tmp_path / "m").model, EvalData("causal-lm", windows))["loss"]
                - report["merged_loss"]) < 1e-3

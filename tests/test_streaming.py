@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import corpus
 import pytest
 import torch
+from hub_server import FakeHub, use_fake_hub
 from safetensors import safe_open
 
 from hf_rebasin import models, tiny
@@ -14,9 +16,6 @@ from hf_rebasin.cli import main
 from hf_rebasin.match.weight import weight_matching
 from hf_rebasin.sources import CheckpointFiles
 from hf_rebasin.symmetry import apply
-
-import corpus
-from hub_server import FakeHub, use_fake_hub
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +88,8 @@ def test_export_keeps_the_sources_dtype_in_shards(tiny_dirs, tmp_path, text_file
     assert reloaded.dtype == torch.float16
     report = json.loads((out / "barrier.json").read_text())
     merged_fp32 = reloaded.float()
-    from hf_rebasin.evaluation import EvalData, evaluate
     from hf_rebasin.data import load_token_windows
+    from hf_rebasin.evaluation import EvalData, evaluate
     windows, _ = load_token_windows(str(text_file), models.load(out).backend.tokenizer(out), 32, 1024)
     assert evaluate(merged_fp32, EvalData("causal-lm", windows))["loss"] == pytest.approx(report["merged_loss"],
                                                                                          abs=2e-2)  # fp16 rounding

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import warnings
 
 from .. import __version__
@@ -46,14 +48,40 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 _default_show_warning = warnings.showwarning
 
 
+class _CtrlC:
+    """SIGINT in the hf-rebasin process: KeyboardInterrupt, as with Python's own handler, but remembered, because
+    a library may turn it into another exception (a C extension whose import it cut short reports "ImportError:
+    initialization failed", a tensor conversion a ValueError): that is still a Ctrl-C, not a crash."""
+    pressed = False
+
+    @classmethod
+    def handler(cls, signum, frame):
+        cls.pressed = True
+        raise KeyboardInterrupt
+
+
+def _interrupted(whole_process: bool, what: str) -> int:
+    if whole_process:  # the command only exits now: a second Ctrl-C (often pressed at once) has nothing left to
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # stop, and would only print a traceback from the shutdown
+    print(f"{what}: interrupted; nothing was left half-written", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    whole_process = argv is None and threading.current_thread() is threading.main_thread()  # the hf-rebasin command
+    if whole_process:  # not when main() is called inside a program: its SIGINT handling stays its own
+        _CtrlC.pressed = False
+        signal.signal(signal.SIGINT, _CtrlC.handler)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)  # imports torch: Ctrl-C often lands here
     except KeyboardInterrupt:
-        print("hf-rebasin: interrupted; nothing was written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted(whole_process, "hf-rebasin")
+    except Exception:
+        if not _CtrlC.pressed:
+            raise
+        return _interrupted(whole_process, "hf-rebasin")
     args.argv = argv
     warnings.showwarning = _show_warning
     try:
@@ -64,12 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hf-rebasin {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print(f"hf-rebasin {args.command}: interrupted; nothing was left half-written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted(whole_process, f"hf-rebasin {args.command}")
     except BrokenPipeError:  # `hf-rebasin inspect ... | head`: the reader has gone, which is no error
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except Exception:
+        if not _CtrlC.pressed:
+            raise
+        return _interrupted(whole_process, f"hf-rebasin {args.command}")
     finally:
         warnings.showwarning = _default_show_warning
 

@@ -54,11 +54,18 @@ def best_permutation_matrix(score: Tensor) -> Tensor:
 def balance(left: Tensor, right: Tensor) -> Tensor:
     """The map M (f, f) that balances the factorisation left @ right^T of a circuit:
     left M and right M^-T become U S^½ and V S^½ (an SVD of the circuit), so that both factors carry
-    the same singular values.  Computed from thin QRs, never forming the (n, n) circuit."""
+    the same singular values.  Computed from thin QRs, never forming the (n, n) circuit.  A rank-deficient
+    factor (a zero head, zero-padded head dims of an embedded narrower model) keeps its null directions: any
+    invertible M is exact there, so the zero pivots are replaced by the largest before solving."""
     ql, rl = torch.linalg.qr(left.double())
     qr_, rr = torch.linalg.qr(right.double())
+    pivots = torch.diagonal(rl).abs()
+    top = float(pivots.max()) if pivots.numel() else 0.0
+    if top == 0.0:
+        return torch.eye(rl.shape[-1], dtype=left.dtype)
+    rl = rl + torch.diag(torch.where(pivots <= top * 1e-6, top, 0.0).to(rl.dtype))
     u, s, _ = torch.linalg.svd(rl @ rr.T)
-    s = s.clamp_min(s.max() * 1e-12 if s.numel() else 0.0)
+    s = s.clamp_min(float(s.max()) * 1e-12 if float(s.max()) > 0 else 1.0)
     m = torch.linalg.solve_triangular(rl, u * s.sqrt(), upper=True)
     return m.to(left.dtype)
 

@@ -373,7 +373,10 @@ class SymmetryParams(nn.Module):
             t.head_perm[i] = None if layer.fixed_head_perm is None else layer.fixed_head_perm.to(device)
             t.ffn_perm[i] = None if layer.fixed_ffn_perm is None else layer.fixed_ffn_perm.to(device)
             params.update(transform_layer(p, i, spec, t))
-        scale = float(t.scale.detach()) if isinstance(t.scale, Tensor) else float(t.scale)
+        if isinstance(t.scale, Tensor):  # the norm eps is a plain number (a device tensor has no value on meta)
+            scale = float(t.scale.detach()) if t.scale.device.type != "meta" else float("nan")
+        else:
+            scale = float(t.scale)
         return graph.replace(params, norm_eps=graph.norm_eps * scale ** 2)
 
     @torch.no_grad()

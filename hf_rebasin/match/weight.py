@@ -11,6 +11,7 @@ rotation and the orthogonal freedom left inside each balanced head, fitted to A.
 from __future__ import annotations
 
 import copy
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -318,7 +319,7 @@ def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = Tru
     bar = tqdm(total=max_rounds * spec.n_layers, desc="weight matching", disable=not progress, leave=False)
     with ThreadPoolExecutor(max_workers=1) as pool:
         for round_ in range(1, max_rounds + 1):
-            start = copy.deepcopy(t)
+            start, started = copy.deepcopy(t), time.perf_counter()
             step = _Round(pa, b, t, full, pool, first=round_ == 1)
             step.run(bar)
             if round_ == 1:
@@ -331,7 +332,7 @@ def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = Tru
             t.rotation = solve_rotation(m, spec, residual)
             overlap = _trace(t.rotation, m) + unrotated_out + step.unrotated
             distance = (norm_a + norm_b_out + step.norm_b - 2 * overlap) / max(norm_a, 1e-30)
-            log.append({"round": round_, "distance": distance})
+            log.append({"round": round_, "distance": distance, "seconds": time.perf_counter() - started})
             bar.set_postfix(distance=f"{distance:.4f}")
             if distance < best_distance:
                 best, best_distance = copy.deepcopy(t), distance
