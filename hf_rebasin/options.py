@@ -59,7 +59,8 @@ class MergeOptions:
 
     method: str = option("wm", "matching method (see the table in --help)", group=MATCHING)
     data: str | None = option(None, "held-out data: a .txt file or folder, .jsonl, a datasets spec "
-                              f"NAME[:CONFIG[:SPLIT]] (LM default {DEFAULT_LM_DATA}); images: an ImageFolder, an .npz or a datasets spec",
+                              f"NAME[:CONFIG[:SPLIT]] (LM default {DEFAULT_LM_DATA}); images: an ImageFolder, an .npz or "
+                              "a datasets spec",
                               group=EVALUATION)
     text_field: str = option("text", "text field of .jsonl / datasets rows", group=EVALUATION)
     alpha: float | None = option(None, f"two models: the merged model is (1-α)·A + α·π(B) (default {DEFAULT_ALPHA})",
@@ -67,7 +68,8 @@ class MergeOptions:
     lambdas: int | None = option(None, f"two models: points on the λ grid from 0 to 1 (default {DEFAULT_LAMBDAS})",
                                  group=EVALUATION, low=2, high=1001)
     simplex_resolution: int | None = option(None, "three or more models: lattice step 1/r on the simplex "
-                                            "(default 6 for three models, else the largest r <= N whose lattice has at most "
+                                            "(default 6 for three models, else the largest r <= N whose lattice has "
+                                            "at most "
                                             f"{MAX_LATTICE_POINTS} points)", group=EVALUATION, low=1)
     seq_len: int | None = option(None, "window length in tokens (default min(512, context))", group=EVALUATION, low=2)
     max_eval_tokens: int = option(65536, "cap on evaluated tokens", group=EVALUATION, low=1)
@@ -166,7 +168,8 @@ class MergeOptions:
             points = lattice_size(n_models, self.resolution(n_models))
             if points > MAX_LATTICE_POINTS:
                 problems.append(f"--simplex-resolution {self.resolution(n_models)} with {n_models} models gives "
-                                f"{points:,} lattice points (model evaluations); the limit is {MAX_LATTICE_POINTS}: lower "
+                                f"{points:,} lattice points (model evaluations); the limit is {MAX_LATTICE_POINTS}: "
+                                "lower "
                                 "--simplex-resolution")
         elif self.simplex_resolution is not None:
             problems.append("--simplex-resolution is for three or more models; two models use --lambdas")
