@@ -59,8 +59,8 @@ class MergeOptions:
 
     method: str = option("wm", "matching method (see the table in --help)", group=MATCHING)
     data: str | None = option(None, "held-out data: a .txt file or folder, .jsonl, a datasets spec "
-                              f"NAME[:CONFIG[:SPLIT]] (LM default {DEFAULT_LM_DATA}); images: an ImageFolder, an .npz or "
-                              "a datasets spec",
+                              f"NAME[:CONFIG[:SPLIT]] (LM default {DEFAULT_LM_DATA}); images: an ImageFolder, an "
+                              ".npz or a datasets spec",
                               group=EVALUATION)
     text_field: str = option("text", "text field of .jsonl / datasets rows", group=EVALUATION)
     alpha: float | None = option(None, f"two models: the merged model is (1-α)·A + α·π(B) (default {DEFAULT_ALPHA})",
