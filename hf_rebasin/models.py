@@ -188,15 +188,19 @@ def export(graph, template: Loaded, out_dir: str | Path, **options) -> None:
 
 # --- compatibility --------------------------------------------------------------------------------
 
-def check_compatible(a: Loaded, b: Loaded) -> None:
-    """Raise IncompatibleModelsError naming every field in which the two models differ."""
+WIDTH_FIELDS = ("model_args.embed_dim", "model_args.num_heads", "model_args.mlp_ratio")  # timm: the Spec checks them
+
+
+def check_compatible(a: Loaded, b: Loaded, shapes: bool = True) -> None:
+    """Raise IncompatibleModelsError naming every field in which the two models differ (with shapes=False, the
+    widths may differ: a narrower model that will be embedded into the wider one's configuration)."""
     if a.adapter.architecture != b.adapter.architecture:
         raise IncompatibleModelsError(f"different architectures: {a.source} is {a.adapter.architecture}, "
                                       f"{b.source} is {b.adapter.architecture}")
     sa, sb = a.spec, b.spec
     differences = [(f, getattr(sa, f), getattr(sb, f)) for f in sa.__dataclass_fields__
-                   if f != "notes" and getattr(sa, f) != getattr(sb, f)]
-    differences += a.backend.differences(a, b)
+                   if f != "notes" and getattr(sa, f) != getattr(sb, f)] if shapes else []
+    differences += [d for d in a.backend.differences(a, b) if shapes or d[0] not in WIDTH_FIELDS]
     if differences:
         detail = "; ".join(f"{field}: {x} vs {y}" for field, x, y in dict((d[0], d) for d in differences).values())
         hint = " (vocabularies differ: the models were trained with different tokenizers)" if any(

@@ -7,6 +7,7 @@ Every check that needs no weights runs before the first expensive step.  The Pyt
 (``hf_rebasin.merge`` / ``hf_rebasin.barrier``) and the command line both call ``run``."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from . import __version__
 from .canonical import interpolate
-from .errors import OptionError, RebasinWarning
+from .errors import IncompatibleModelsError, OptionError, RebasinWarning
 from .evaluation import (
     EvalData,
     evaluate,
@@ -36,6 +37,7 @@ from .options import DEFAULT_LM_DATA, MergeOptions
 from .report import Report, report_text
 from .requirements import installed_versions
 from .symmetry import Transform, apply
+from .widths import embed
 
 
 @dataclass
@@ -65,9 +67,15 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
 
     timings, start = {}, time.perf_counter()
     loaded = [load(source) for source in models]
-    for other in loaded[1:]:
-        check_compatible(loaded[0], other)
+    narrower = [k for k, other in enumerate(loaded[1:], start=1) if embeddable(loaded[0], other)]
+    for k, other in enumerate(loaded[1:], start=1):
+        check_compatible(loaded[0], other, shapes=k not in narrower)
     graphs = [canonicalise(m) for m in loaded]
+    embedding_notes = []
+    for k in narrower:  # written exactly into the first (wider) model's configuration
+        graphs[k] = embed(graphs[k], graphs[0].spec, norm_eps=graphs[0].norm_eps)
+        embedding_notes.append(f"{models[k]} (residual width {loaded[k].spec.d_model}) was embedded exactly into "
+                               f"the configuration of {models[0]} (width {loaded[0].spec.d_model}) before matching")
     for k, graph in enumerate(graphs[1:], start=1):
         check_same_structure(graphs[0], graph, ("model 0", f"model {k}") if len(graphs) > 2 else ("A", "B"))
     timings["load_s"] = time.perf_counter() - start
@@ -94,6 +102,7 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
                 "learned matching was trained on the evaluation data itself (no --train-data): the reported barrier "
                 "is an in-sample number")
 
+    alignment.notes += embedding_notes
     with held([apply(g, t) for g, t in zip(graphs, alignment.transforms)], out) as aligned:
         report = evaluate_report(models, aligned, alignment, template, data, data_spec, options, timings, progress,
                                  command or equivalent_command(models, options, out))
@@ -139,6 +148,20 @@ def preflight(models: list[str], options: MergeOptions) -> None:
     if options.resume and Path(options.resume).expanduser().is_file():  # readable, and a checkpoint at all
         from .match.train_loop import read_checkpoint
         read_checkpoint(Path(options.resume).expanduser())
+
+
+def embeddable(wide: Loaded, other: Loaded) -> bool:
+    """True when `other` differs from the first model only in widths it can be embedded exactly from (a
+    narrower sibling); the merge is then written in the first model's configuration."""
+    from .widths import can_embed
+    same = dataclasses.replace(other.spec, notes=()) == dataclasses.replace(wide.spec, notes=())
+    if same or wide.adapter is not other.adapter:
+        return False
+    why = can_embed(other.spec, wide.spec)
+    if why is not None and can_embed(wide.spec, other.spec) is None:
+        raise IncompatibleModelsError(f"{other.source} is wider than {wide.source}: put the widest model first "
+                                      "(the merge is written in the first model's configuration)")
+    return why is None
 
 
 IN_MEMORY_BYTES = 2**30  # aligned models up to this size (fp32, all together) are held in memory

@@ -214,3 +214,42 @@ def test_refusals_name_the_field_and_values(make):
     assert widths.can_embed(half(llama), llama) is None and widths.can_embed(llama, llama) is None
     with pytest.raises(UnsupportedModelError, match="norm_eps: 0.0 vs 1e-05"):
         widths.embed(Graph(half(llama), {}, 0.0), llama, norm_eps=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama_gqa_tied", "vit"])
+def test_merge_of_a_wide_and_a_narrow_model(make, kind, tmp_path):
+    """`hf-rebasin merge WIDE NARROW`: the narrow model is embedded, every method runs, the output is the wide
+    class, and the path's end (λ = 1) is the narrow model itself (the embedding is exact)."""
+    import json
+
+    import corpus
+    import numpy as np
+
+    from hf_rebasin.cli import main
+    from hf_rebasin.evaluation import evaluate, load_eval_data
+    wide = make(kind)
+    narrow = make(kind, narrower(tiny.adapter_of(kind).tiny[kind]), seed=2)
+    if tiny.is_image_model(kind):
+        data = tmp_path / "images.npz"
+        gen = np.random.default_rng(0)
+        np.savez(data, images=gen.standard_normal((24, 3, 16, 16)).astype(np.float32), labels=gen.integers(0, 10, 24))
+        extra = ["--data", str(data)]
+    else:
+        data = tmp_path / "heldout.txt"
+        data.write_text(corpus.heldout_text(8000))
+        extra = ["--data", str(data), "--seq-len", "32", "--max-eval-tokens", "512"]
+    for method in ("raw", "wm"):
+        out = tmp_path / method
+        assert main(["merge", str(wide.folder), str(narrow.folder), "--method", method, "--lambdas", "3",
+                     "--out", str(out), *extra]) == 0
+        report = json.loads((out / "barrier.json").read_text())
+        own = evaluate(narrow.model, load_eval_data(str(data), narrow, seq_len=32 if extra[2:] else None,
+                                                     max_tokens=512, max_examples=None))["loss"]
+        assert report["endpoint_loss"][1] == pytest.approx(own, abs=1e-4)  # B at λ = 1 is the narrow model
+        assert any("embedded exactly" in note for note in report["notes"])
+        merged = models.load(out)
+        assert merged.spec.d_model == wide.spec.d_model
+    assert main(["merge", str(narrow.folder), str(wide.folder), "--method", "wm", "--out", str(tmp_path / "x"),
+                 *extra]) == 2  # the wider model must come first
+    assert not (tmp_path / "x").exists()
+
