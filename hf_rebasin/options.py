@@ -107,6 +107,8 @@ class MergeOptions:
                                "(Sinkhorn backward)", group=LEARNED)
     train_data: str | None = option(None, "training data for lm/dual, same forms as --data (default: --match-data, "
                                     "else --data; pass a separate split!)", group=LEARNED)
+    allow_train_on_eval: bool = option(False, "accept training data that shares examples with the evaluation data "
+                                       "(refused otherwise: the barrier would be in-sample)", group=LEARNED)
     max_train_tokens: int | None = option(None, "cap on training tokens (LMs; default all)", group=LEARNED, low=1)
     max_train_examples: int | None = option(None, "cap on training images (default all)", group=LEARNED, low=1)
     eval_every: int = option(50, "steps between held-out midpoint-barrier estimates shown in the bar (0: off)",

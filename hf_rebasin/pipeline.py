@@ -8,17 +8,17 @@ Every check that needs no weights runs before the first expensive step.  The Pyt
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import tempfile
 import time
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
 from .canonical import interpolate
-from .errors import IncompatibleModelsError, OptionError, RebasinWarning
+from .errors import IncompatibleModelsError, OptionError
 from .evaluation import (
     EvalData,
     evaluate,
@@ -88,8 +88,10 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     if method.needs_data:
         context.match_data = data if (options.match_data or data_spec) == data_spec else eval_data(
             options.match_data, template, options, flag="--match-data")
+    data_notes = []
     if method.learned:
-        context.train_data = training_data(options, template, context.match_data, data)
+        context.train_data, data, data_notes = training_data(options, template, context.match_data, data)
+        context.eval_data = data
     start = time.perf_counter()
     alignment = method.run(graphs, context)
     timings["match_s"] = time.perf_counter() - start
@@ -97,10 +99,9 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
         from .match.learned import is_main_process
         if not is_main_process():
             return MergeResult(None, alignment.transforms)
-        if context.train_data is data:
-            alignment.settings.setdefault("notes", []).append(
-                "learned matching was trained on the evaluation data itself (no --train-data): the reported barrier "
-                "is an in-sample number")
+        alignment.settings["train_data"] = {**alignment.settings.get("train_data", {}),
+                                            "digest": data_digest(context.train_data)}
+        alignment.settings.setdefault("notes", []).extend(data_notes)
 
     alignment.notes += embedding_notes
     with held([apply(g, t) for g, t in zip(graphs, alignment.transforms)], out) as aligned:
@@ -189,16 +190,62 @@ def eval_data(spec: str | None, template: Loaded, options: MergeOptions, flag: s
                           max_examples=options.max_eval_examples, text_field=options.text_field, flag=flag)
 
 
-def training_data(options: MergeOptions, template: Loaded, match_data: EvalData | None, data: EvalData) -> EvalData:
-    """--train-data, else the match data (which is --data unless --match-data was given)."""
+def training_data(options: MergeOptions, template: Loaded, match_data: EvalData | None,
+                  data: EvalData) -> tuple[EvalData, EvalData, list[str]]:
+    """(training data, evaluation data, notes) of a learned method.  --train-data, else --match-data, else --data
+    split into disjoint halves (every other window / image trains, the rest is evaluated).  Training data that
+    shares examples with the evaluation data (compared by content) is refused unless --allow-train-on-eval."""
+    notes = []
     if options.train_data:
-        return load_eval_data(options.train_data, template, seq_len=options.seq_len,
-                              max_tokens=options.max_train_tokens, max_examples=options.max_train_examples,
-                              text_field=options.text_field, flag="--train-data")
-    if match_data is data:
-        warnings.warn(f"--method {options.method} trains on the evaluation data (--data); pass --train-data with a "
-                      "separate split for an honest held-out barrier", RebasinWarning, stacklevel=2)
-    return match_data
+        train = load_eval_data(options.train_data, template, seq_len=options.seq_len,
+                               max_tokens=options.max_train_tokens, max_examples=options.max_train_examples,
+                               text_field=options.text_field, flag="--train-data")
+    elif match_data is not data or options.allow_train_on_eval:
+        train = match_data
+    else:
+        if len(data.inputs) < 4:
+            raise OptionError(f"--method {options.method} with only --data splits it into training and evaluation "
+                              f"halves, and {len(data.inputs)} examples are too few: pass --train-data")
+        train, data = subset(data, slice(0, None, 2), "train half"), subset(data, slice(1, None, 2), "eval half")
+        notes.append(f"no --train-data: --data was split by example into disjoint halves; learned matching trained "
+                     f"on {len(train.inputs)} of them, the barrier is measured on the other {len(data.inputs)}")
+    shared = shared_examples(train, data)
+    if shared:
+        where = "--train-data" if options.train_data else "--match-data" if match_data is not data else "--data"
+        if not options.allow_train_on_eval:
+            raise OptionError(f"{shared} of the {len(train.inputs)} training examples ({where}) are also in the "
+                              f"evaluation data (--data), compared by content: the barrier would be in-sample. Pass "
+                              f"a disjoint --train-data, or --allow-train-on-eval to accept an in-sample barrier")
+        notes.append(f"learned matching trained on {shared} examples that are also evaluated (--allow-train-on-eval): "
+                     "the reported barrier is partly in-sample")
+    return train, data, notes
+
+
+def example_digests(data: EvalData) -> list[str]:
+    """One content digest per example (token window, or image with its label)."""
+    labels = data.labels if data.labels is not None else [None] * len(data.inputs)
+    return [hashlib.sha256(x.contiguous().numpy().tobytes() + (b"" if y is None else str(int(y)).encode())).hexdigest()
+            for x, y in zip(data.inputs, labels)]
+
+
+def shared_examples(train: EvalData, data: EvalData) -> int:
+    held_out = set(example_digests(data))
+    return sum(digest in held_out for digest in example_digests(train))
+
+
+def data_digest(data: EvalData) -> str:
+    return hashlib.sha256("".join(example_digests(data)).encode()).hexdigest()[:16]
+
+
+def subset(data: EvalData, part: slice, name: str) -> EvalData:
+    labels = None if data.labels is None else data.labels[part]
+    inputs = data.inputs[part]
+    info = {**(data.info or {}), "part": name}
+    if "tokens" in info:
+        info.update(tokens=int(inputs.numel()), windows=len(inputs))
+    if "examples" in info:
+        info["examples"] = len(inputs)
+    return EvalData(data.task, inputs, labels, info)
 
 
 # --- the lattice and the report -------------------------------------------------------------------
@@ -243,7 +290,8 @@ def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, dat
         alpha=merged_at[1] if n == 2 else list(merged_at), **{metric: [r[metric] for r in results]},
         excess=excess, endpoint_loss=endpoint_loss, barrier_lambda=lambdas[worst], merged_loss=merged_loss,
         method_description=METHODS[options.method].description,
-        data={**(data.info or {}), "spec": data_spec}, settings=settings, match_log=alignment.log, timings=timings,
+        data={**(data.info or {}), "spec": data_spec, "digest": data_digest(data)}, settings=settings,
+        match_log=alignment.log, timings=timings,
         versions=installed_versions(), command=command or equivalent_command(models, options),
         notes=notes, license=licences.pop() if len(licences) == 1 else None, hf_rebasin_version=__version__)
 

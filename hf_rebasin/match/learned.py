@@ -240,6 +240,8 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
     settings = {"learned": {**{name: getattr(options, name) for name in LEARNED_SETTINGS},
                             "lambda_dist": options.learned_lambda_dist(), "warmup": options.warmup_steps()},
                 "wm": start.settings, "num_processes": accelerator.num_processes, "device": str(device),
+                "learned_parameters": sum(p.numel() for p in path_loss.parameters() if p.requires_grad),
+                "model_parameters": sum(v.numel() for v in path_loss.graphs["0"].params.values()),
                 "train_data": dict(train.info or {}), "notes": []}
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
