@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 
+import corpus
 import pytest
 
 from hf_rebasin import tiny
 from hf_rebasin.cli import main
-
-import corpus
 
 
 @pytest.fixture(scope="module")
