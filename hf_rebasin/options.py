@@ -103,8 +103,6 @@ class MergeOptions:
     lambda_dist: str | None = option(None, "λ per step: uniform U(0,1) or narrow U(0.4,0.6); N models: Dirichlet(1) or "
                                      "Dirichlet(36) (default: narrow for lm, uniform for dual)", group=LEARNED,
                                      choices=LAMBDA_DISTRIBUTIONS)
-    learn_perms: bool = option(False, "also learn head (KV-group) and FFN permutations, straight-through "
-                               "(Sinkhorn backward)", group=LEARNED)
     train_data: str | None = option(None, "training data for lm/dual, same forms as --data (default: --match-data, "
                                     "else --data; pass a separate split!)", group=LEARNED)
     allow_train_on_eval: bool = option(False, "accept training data that shares examples with the evaluation data "

@@ -26,15 +26,12 @@ def devices(tensors) -> set[str]:
 def test_a_learned_step_builds_everything_on_the_graphs_device(kind, method, tiny_dirs):
     loaded = models.load(tiny_dirs[kind])
     graph = on_meta(models.canonicalise(loaded))
-    # (learned permutations solve an assignment on the CPU from the logits' values, which the meta device has
-    # not; the permutation found is moved to the logits' device, see LearnedPermutation.hard)
-    learn_perms = False
-    ends = {"1": SymmetryParams(graph.spec, symmetry.random_transform(graph.spec, seed=1), learn_perms=learn_perms)}
+    ends = {"1": SymmetryParams(graph.spec, symmetry.random_transform(graph.spec, seed=1))}
     if method == "dual":
         ends["0"] = SymmetryParams(graph.spec)
     for end in ends.values():
         end.to("meta")
-    if method == "dual" and not learn_perms:  # the single-sided image of the dual path
+    if method == "dual":  # the single-sided image of the dual path
         a, b = ends["0"], ends["1"]
         relative = relative_continuous(a._continuous(), b._continuous(), graph.spec)
         moved = [graph, b.apply(graph, relative)]

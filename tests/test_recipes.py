@@ -224,7 +224,8 @@ def test_every_option_is_a_recipe_key_that_reaches_its_command(tmp_path, pair):
     path = write_recipe(tmp_path, yaml.safe_dump({"models": [str(pair / "model-a"), str(pair / "model-b")],
                                                   "data": str(pair / "heldout.txt"), "out": "merged", **blocks}))
     steps, parser = recipes.commands(recipes.load_recipe(path)), build_parser()
-    assert "--learn-perms" in steps["merge"] and "--endpoints" in steps["eval"] and "--exist-ok" in steps["push"]
+    assert "--allow-train-on-eval" in steps["merge"]
+    assert "--endpoints" in steps["eval"] and "--exist-ok" in steps["push"]
     merge = from_namespace(MergeOptions, parser.parse_args(steps["merge"]))
     assert merge.checkpoint_dir == str(tmp_path / "runs" / "learned")  # an output folder: from the recipe's folder
     assert merge == dataclasses.replace(expected["merge"], checkpoint_dir=merge.checkpoint_dir,

@@ -20,7 +20,7 @@ dropped) with ``torch.func.functional_call``.
 Two exact shortcuts keep a step cheap:
 * the group acts linearly on the weights, so the two-model dual path (1-l) t_a(A) + l t_b(B) is t_a
   applied to (1-l) A + l (t_a^-1 t_b)(B): dual trains through the latter (same function at every l, one
-  transform per step instead of two; not with --learn-perms or a start that permutes A);
+  transform per step instead of two; not with a start that permutes A);
 * only the token-embedding rows of the batch are transformed (the others are never looked up).
 Cost: transforming the weights takes ~ d·P flops per pass (d the width, P the parameters) against ~ T·P
 for the model on T tokens, so an lm or dual step costs about 1 + d/T plain training steps.
@@ -43,14 +43,14 @@ from ..symmetry import apply, compose
 from .params import SymmetryParams, relative_continuous
 
 LEARNED_SETTINGS = ("method", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
-                    "lambda_dist", "learn_perms", "learn_seed", "eval_every", "eval_subset", "checkpoint_every",
+                    "lambda_dist", "learn_seed", "eval_every", "eval_subset", "checkpoint_every",
                     "checkpoint_dir", "resume", "learn_precision", "device")
 
 
 def trajectory_settings(options) -> dict:
     """The settings that determine the trajectory (a resumed run must match them)."""
     return {"method": options.method, "steps": options.steps, "lr": options.lr, "batch_size": options.learn_batch_size,
-            "init": options.init, "orth": options.orth, "inv": options.inv, "learn_perms": options.learn_perms,
+            "init": options.init, "orth": options.orth, "inv": options.inv,
             "seed": options.learn_seed, "precision": options.learn_precision,
             "lambda_dist": options.learned_lambda_dist(), "warmup": options.warmup_steps()}
 
@@ -105,7 +105,7 @@ class PathLoss(nn.Module):
         """Two-model dual with A's element free of permutations: train through the single-sided path with
         t_a^-1 t_b (an exact symmetry image of the dual path, at the cost of one transform)."""
         return (self.n_models == 2 and "0" in self.ends and "1" in self.ends
-                and not self.ends["0"].has_permutations() and not self.ends["1"].has_learned_permutations())
+                and not self.ends["0"].has_permutations())
 
     def end_graphs(self, graphs: dict[str, Graph]) -> list[Graph]:
         if self.relative:
@@ -221,8 +221,8 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
     frames, starts = starting_frames(graphs, start.transforms, options)
     learned = range(n) if method == "dual" else range(1, n)
     try:
-        ends = {str(k): SymmetryParams(graphs[k].spec, starts[k], orth=options.orth, inv=options.inv,
-                                       learn_perms=options.learn_perms) for k in learned}
+        ends = {str(k): SymmetryParams(graphs[k].spec, starts[k], orth=options.orth, inv=options.inv)
+                for k in learned}
     except ValueError as error:
         raise OptionError(str(error)) from error
     device = accelerator.device

@@ -23,9 +23,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..canonical import Graph, Spec, layer_key
-from ..symmetry import Transform, kv_perm_of, rotary_pairs, rotate_residual, transform_layer
-from .linalg import assignment, ones_complement
+from ..canonical import Graph, Spec
+from ..symmetry import Transform, rotary_pairs, rotate_residual, transform_layer
+from .linalg import ones_complement
 
 ORTH_KINDS = ("cayley", "expm")
 INV_KINDS = ("polar", "expm", "direct")
@@ -213,70 +213,6 @@ class PositiveScale(nn.Module):
         return self.start * torch.exp(self.log_scale)
 
 
-# --- permutations --------------------------------------------------------------------------------
-
-def sinkhorn(logits: Tensor, iterations: int = 20) -> Tensor:
-    """A doubly-stochastic matrix from logits (log-domain Sinkhorn normalisation)."""
-    log_p = logits
-    for _ in range(iterations):
-        log_p = log_p - torch.logsumexp(log_p, dim=1, keepdim=True)
-        log_p = log_p - torch.logsumexp(log_p, dim=0, keepdim=True)
-    return log_p.exp()
-
-
-class LearnedPermutation(nn.Module):
-    """A permutation (new j <- old perm[j]) learned with the straight-through estimator: the
-    forward uses the hard permutation maximising sum_j logits[j, perm[j]] (exactly, as a 0/1
-    matrix); the backward sees the Sinkhorn relaxation of the logits."""
-
-    def __init__(self, n: int, start: Tensor | None = None, margin: float = 1.0):
-        super().__init__()
-        perm = torch.arange(n) if start is None else start.detach().long().cpu()
-        logits = torch.zeros(n, n)
-        logits[torch.arange(n), perm] = margin
-        self.logits = nn.Parameter(logits)
-
-    def hard(self) -> Tensor:
-        return assignment(self.logits.detach()).to(self.logits.device)
-
-    def forward(self) -> tuple[Tensor, Tensor]:
-        perm = self.hard()
-        hard = torch.zeros_like(self.logits).index_put((torch.arange(len(perm), device=perm.device), perm),
-                                                       torch.ones(len(perm), device=perm.device))
-        soft = sinkhorn(self.logits)
-        return hard + (soft - soft.detach()), perm
-
-
-def _permute_heads_by_matrix(x: Tensor, p: Tensor, head_dim: int, dim: int) -> Tensor:
-    dim = dim % x.dim()
-    shape = x.shape
-    xh = x.reshape(*shape[:dim], -1, head_dim, *shape[dim + 1:]).movedim(dim, -1)
-    return (xh @ p.T).movedim(-1, dim).reshape(shape)  # new head j = sum_i p[j, i] old head i
-
-
-def permute_layer_by_matrices(p: dict, i: int, spec: Spec, kv: Tensor | None, ffn: Tensor | None) -> dict:
-    """Layer i's tensors with KV groups (and their query heads) and FFN units mixed by the (n, n)
-    matrices kv and ffn (0/1 in the forward of a straight-through permutation)."""
-    p = dict(p)
-    hd = spec.head_dim
-    if kv is not None:
-        heads = torch.kron(kv, torch.eye(spec.group_size, dtype=kv.dtype, device=kv.device))
-        for name, matrix in (("q", heads), ("k", kv), ("v", kv)):
-            for suffix in ("", "_bias"):
-                key = layer_key(i, f"attn.{name}{suffix}")
-                if key in p:
-                    p[key] = _permute_heads_by_matrix(p[key], matrix, hd, -1)
-        p[layer_key(i, "attn.o")] = _permute_heads_by_matrix(p[layer_key(i, "attn.o")], heads, hd, 0)
-    if ffn is not None:
-        for name in ("up", "gate"):
-            for suffix in ("", "_bias"):
-                key = layer_key(i, f"mlp.{name}{suffix}")
-                if key in p:
-                    p[key] = p[key] @ ffn.T
-        p[layer_key(i, "mlp.down")] = ffn @ p[layer_key(i, "mlp.down")]
-    return p
-
-
 def relative_continuous(t_a: Transform, t_b: Transform, spec: Spec) -> Transform:
     """The continuous part of t_b followed by the inverse of t_a, for t_a WITHOUT permutations:
     rotation G_b G_a^T, scale g_b / g_a, maps M_b M_a^-1, GLU scales s_b / s_a (all differentiable).
@@ -298,9 +234,9 @@ def relative_continuous(t_a: Transform, t_b: Transform, spec: Spec) -> Transform
 # --- one endpoint's learnable group element ------------------------------------------------------
 
 class LayerSymmetry(nn.Module):
-    def __init__(self, spec: Spec, start: Transform, i: int, inv: str, orth: str, learn_perms: bool):
+    def __init__(self, spec: Spec, start: Transform, i: int, inv: str, orth: str):
         super().__init__()
-        self.qk = self.ov = self.glu = self.kv_perm = self.ffn_perm = None
+        self.qk = self.ov = self.glu = None
         if spec.head_maps:
             self.qk = HeadMaps(spec.n_kv_heads, spec.head_dim, rotary_pairs(spec), inv, orth,
                                start.per_layer("qk_maps", i))
@@ -308,26 +244,15 @@ class LayerSymmetry(nn.Module):
         if spec.glu:
             s0 = start.per_layer("glu_scale", i)
             self.glu = PositiveScale(torch.ones(spec.ffn_dim) if s0 is None else s0)
-        head_perm, ffn_perm = start.per_layer("head_perm", i), start.per_layer("ffn_perm", i)
-        if learn_perms:
-            kv0 = None if head_perm is None else kv_perm_of(head_perm, spec.group_size)
-            if head_perm is not None and spec.group_size > 1:
-                within = head_perm.view(-1, spec.group_size) % spec.group_size
-                if not bool((within == torch.arange(spec.group_size)).all()):
-                    raise ValueError("learned permutations move whole KV groups; the start permutes query "
-                                     "heads inside a group (use --init absorbed)")
-            self.kv_perm = LearnedPermutation(spec.n_kv_heads, kv0)
-            self.ffn_perm = LearnedPermutation(spec.ffn_dim, ffn_perm)
-            head_perm = ffn_perm = None
-        self.fixed_head_perm = head_perm
-        self.fixed_ffn_perm = ffn_perm
+        # permutations are kept as they start (discrete; weight matching chooses them)
+        self.fixed_head_perm = start.per_layer("head_perm", i)
+        self.fixed_ffn_perm = start.per_layer("ffn_perm", i)
 
 
 class SymmetryParams(nn.Module):
     """The learnable group element of one endpoint, started at `start` (a Transform)."""
 
-    def __init__(self, spec: Spec, start: Transform | None = None, *, orth: str = "cayley", inv: str = "polar",
-                 learn_perms: bool = False):
+    def __init__(self, spec: Spec, start: Transform | None = None, *, orth: str = "cayley", inv: str = "polar"):
         super().__init__()
         start = start or Transform.identity(spec)
         self.spec = spec
@@ -337,7 +262,7 @@ class SymmetryParams(nn.Module):
             self.rotation = Orthogonal(spec.d_model, (), orth, start.rotation)
         self.scale = PositiveScale(float(start.scale)) if spec.scale_exact else None
         self.fixed_scale = float(start.scale)
-        self.layers = nn.ModuleList(LayerSymmetry(spec, start, i, inv, orth, learn_perms) for i in range(spec.n_layers))
+        self.layers = nn.ModuleList(LayerSymmetry(spec, start, i, inv, orth) for i in range(spec.n_layers))
 
     def _continuous(self) -> Transform:
         """The transform without permutations (differentiable tensors)."""
@@ -351,11 +276,8 @@ class SymmetryParams(nn.Module):
         return t
 
     def has_permutations(self) -> bool:
-        return any(layer.kv_perm is not None or layer.fixed_head_perm is not None or layer.fixed_ffn_perm is not None
+        return any(layer.fixed_head_perm is not None or layer.fixed_ffn_perm is not None
                    for layer in self.layers)
-
-    def has_learned_permutations(self) -> bool:
-        return any(layer.kv_perm is not None for layer in self.layers)
 
     def apply(self, graph: Graph, continuous: Transform | None = None) -> Graph:
         """apply(graph, this element), differentiable in the parameters.  `continuous` replaces this
@@ -367,8 +289,6 @@ class SymmetryParams(nn.Module):
         for i, layer in enumerate(self.layers):
             prefix = f"layers.{i}."
             p = {k: v for k, v in graph.params.items() if k.startswith(prefix)}
-            if layer.kv_perm is not None:
-                p = permute_layer_by_matrices(p, i, spec, layer.kv_perm()[0], layer.ffn_perm()[0])
             device = graph.params[prefix + "attn.o"].device
             t.head_perm[i] = None if layer.fixed_head_perm is None else layer.fixed_head_perm.to(device)
             t.ffn_perm[i] = None if layer.fixed_ffn_perm is None else layer.fixed_ffn_perm.to(device)
@@ -390,12 +310,6 @@ class SymmetryParams(nn.Module):
             for name in ("qk_maps", "ov_maps", "glu_scale"):
                 value = getattr(t, name)[i]
                 getattr(out, name)[i] = None if value is None else value.detach().float().cpu()
-            if layer.kv_perm is not None:
-                kv = layer.kv_perm.hard().cpu()
-                gs = self.spec.group_size
-                out.head_perm[i] = (kv[:, None] * gs + torch.arange(gs)).reshape(-1)
-                out.ffn_perm[i] = layer.ffn_perm.hard().cpu()
-            else:
-                out.head_perm[i] = layer.fixed_head_perm
-                out.ffn_perm[i] = layer.fixed_ffn_perm
+            out.head_perm[i] = layer.fixed_head_perm
+            out.ffn_perm[i] = layer.fixed_ffn_perm
         return out
