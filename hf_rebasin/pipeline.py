@@ -160,8 +160,11 @@ def embeddable(wide: Loaded, other: Loaded) -> bool:
         return False
     why = can_embed(other.spec, wide.spec)
     if why is not None and can_embed(wide.spec, other.spec) is None:
-        raise IncompatibleModelsError(f"{other.source} is wider than {wide.source}: put the widest model first "
-                                      "(the merge is written in the first model's configuration)")
+        detail = "; ".join(f"{f}: {getattr(wide.spec, f)} vs {getattr(other.spec, f)}"
+                           for f in wide.spec.__dataclass_fields__
+                           if f != "notes" and getattr(wide.spec, f) != getattr(other.spec, f))
+        raise IncompatibleModelsError(f"{other.source} is wider than {wide.source} ({detail}): put the widest "
+                                      "model first (the merge is written in the first model's configuration)")
     return why is None
 
 

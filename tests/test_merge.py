@@ -138,7 +138,7 @@ def test_bad_inputs(tiny_dirs, tmp_path, text_file, capsys):
     wide = transformers.GPTNeoXConfig(**{**tiny.adapter_of("gpt_neox").tiny["gpt_neox"], "intermediate_size": 80})
     transformers.GPTNeoXForCausalLM(wide).save_pretrained(tmp_path / "wide")
     code, err = run_cli(["merge", neox, str(tmp_path / "wide"), "--out", out, *common], capsys)
-    assert code == 2 and "ffn_dim: 64 vs 80" in err
+    assert code == 2 and "ffn_dim: 64 vs 80" in err and "put the widest model first" in err
     # same shapes, different tokenizer
     (tmp_path / "vocab").mkdir()
     models.load(neox).model.save_pretrained(tmp_path / "vocab")
