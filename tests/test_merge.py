@@ -63,6 +63,20 @@ def test_rotation_objective_is_the_distance_weight_matching_reports(kind, tiny_d
     assert distances[0] - distances[1] == pytest.approx(-2 * (overlaps[0] - overlaps[1]) / norm_a, rel=1e-4, abs=1e-7)
 
 
+@pytest.mark.parametrize("kind", tiny.kinds())
+def test_the_distance_weight_matching_logs_is_the_distance_of_what_it_returns(kind, tiny_dirs, tmp_path):
+    """Each round's distance is computed algebraically from the cross-products (no second pass over the
+    layers); recomputed directly from the transform kept, it must agree."""
+    from hf_rebasin.match.weight import relative_distance, weight_matching
+    a = models.canonicalise(models.load(tiny_dirs[kind]))
+    b = models.canonicalise(models.load(tiny.make_tiny(kind, tmp_path / "b", seed=2)))
+    alignment = weight_matching(a, b, max_rounds=3, tol=0.0, progress=False)
+    t_a, t_b = alignment.transforms
+    logged = min(e["distance"] for e in alignment.log)
+    assert len(alignment.log) == 4 and t_b.rotation is not None
+    assert relative_distance(symmetry.apply(a, t_a), b, t_b) == pytest.approx(logged, rel=1e-5, abs=1e-8)
+
+
 @pytest.mark.parametrize("kind", ["gpt_neox", "llama_gqa_tied", "vit"])
 def test_activation_matching_recovers_a_permuted_copy(kind, tiny_dirs, tmp_path, text_file, image_file):
     twin = disguise(tiny_dirs[kind], tmp_path / "twin", seed=21, permutation_only=True)

@@ -24,20 +24,48 @@ def ones_complement(d: int) -> Tensor:
     return basis[:, 1:]
 
 
+def _reflect_both_sides(x: Tensor, v: Tensor) -> Tensor:
+    """H x H for the Householder reflection H = I - 2 v v^T / v^T v, in O(d^2)."""
+    c = 2.0 / float(v @ v)
+    x = x - c * torch.outer(v, v @ x)
+    return x - c * torch.outer(x @ v, v)
+
+
 def procrustes_fixing_ones(m: Tensor) -> Tensor:
-    """argmax over orthogonal G with G·1 = ±1 of tr(G^T m) (the LayerNorm-export constraint)."""
+    """argmax over orthogonal G with G·1 = ±1 of tr(G^T m) (the LayerNorm-export constraint).
+
+    The reflection H swapping 1/sqrt(d) and e_1 turns the constraint into G' = H G H = diag(±1, R): R is the
+    Procrustes solution of the trailing (d-1, d-1) block of H m H, and the sign that of 1^T m 1."""
     d = m.shape[0]
-    q = ones_complement(d)
     m64 = m.double()
-    inner = procrustes(q.T @ m64 @ q)
-    ones = torch.full((d, 1), 1 / math.sqrt(d), dtype=torch.float64)
-    sign = 1.0 if float(ones.T @ m64 @ ones) >= 0 else -1.0
-    return (q @ inner @ q.T + sign * ones @ ones.T).to(m.dtype)
+    ones = torch.full((d,), 1 / math.sqrt(d), dtype=torch.float64)
+    sign = 1.0 if float(ones @ m64 @ ones) >= 0 else -1.0
+    if d == 1:
+        return torch.full((1, 1), sign, dtype=m.dtype)
+    v = ones.clone()
+    v[0] -= 1.0
+    inner = torch.zeros(d, d, dtype=torch.float64)
+    inner[0, 0] = sign
+    inner[1:, 1:] = procrustes(_reflect_both_sides(m64, v)[1:, 1:])
+    return _reflect_both_sides(inner, v).to(m.dtype)
+
+
+try:  # an exact Jonker-Volgenant solver, about twice as fast as scipy's on 8192 x 8192 (BENCHMARKS.md)
+    from lapjv import lapjv as _lapjv
+except ImportError:  # optional: `pip install hf-rebasin[fast]`
+    _lapjv = None
+
+SOLVER = "lapjv" if _lapjv is not None else "scipy"
+LAPJV_FROM = 256  # below this size scipy is as fast
 
 
 def assignment(score: Tensor) -> Tensor:
-    """perm maximising sum_j score[j, perm[j]]: row j of A is matched with column perm[j] of B."""
-    rows, cols = linear_sum_assignment(score.detach().double().cpu().numpy(), maximize=True)
+    """perm maximising sum_j score[j, perm[j]]: row j of A is matched with column perm[j] of B (exact: scipy's
+    shortest augmenting path, or lapjv's Jonker-Volgenant for large square problems when installed)."""
+    cost = score.detach().double().cpu().numpy()
+    if SOLVER == "lapjv" and cost.shape[0] == cost.shape[1] >= LAPJV_FROM:
+        return torch.from_numpy(np.asarray(_lapjv(np.ascontiguousarray(-cost))[0], dtype=np.int64))
+    rows, cols = linear_sum_assignment(cost, maximize=True)
     perm = np.empty(len(rows), dtype=np.int64)
     perm[rows] = cols
     return torch.from_numpy(perm)

@@ -145,9 +145,10 @@ def constrained_orthogonal(x: Tensor, dims) -> Tensor:
     return o
 
 
-def _group_circuits(p: dict, i: int, spec: Spec, g: int):
-    """(left, right) factors of the QK and OV circuits of KV group g, query heads stacked."""
-    q, k, v, o = head_factors(p, i, spec)
+def _group_circuits(factors, spec: Spec, g: int):
+    """(left, right) factors of the QK and OV circuits of KV group g, query heads stacked (factors: head_factors
+    of the layer, computed once per layer)."""
+    q, k, v, o = factors
     heads = range(g * spec.group_size, (g + 1) * spec.group_size)
     qk = (torch.cat([q[:, h] for h in heads]), k[:, g])
     ov = (v[:, g], torch.cat([o[h].T for h in heads]))
@@ -157,8 +158,9 @@ def _group_circuits(p: dict, i: int, spec: Spec, g: int):
 def balance_maps(p: dict, i: int, spec: Spec) -> tuple[Tensor, Tensor]:
     qk_dims, ov_dims = _map_dims(spec, True), _map_dims(spec, False)
     qk, ov = [], []
+    factors = head_factors(p, i, spec)
     for g in range(spec.n_kv_heads):
-        (ql, qr), (vl, vr) = _group_circuits(p, i, spec, g)
+        (ql, qr), (vl, vr) = _group_circuits(factors, spec, g)
         qk.append(constrained_balance(ql, qr, qk_dims))
         ov.append(constrained_balance(vl, vr, ov_dims))
     return torch.stack(qk), torch.stack(ov)
@@ -168,8 +170,9 @@ def fit_maps(pa: dict, pb: dict, i: int, spec: Spec) -> tuple[Tensor, Tensor]:
     """B's per-group QK and OV maps: balance, then the best orthogonal map onto A's balanced heads."""
     qk_dims, ov_dims = _map_dims(spec, True), _map_dims(spec, False)
     maps = {"qk": [], "ov": []}
+    factors_a, factors_b = head_factors(pa, i, spec), head_factors(pb, i, spec)
     for g in range(spec.n_kv_heads):
-        circuits_a, circuits_b = _group_circuits(pa, i, spec, g), _group_circuits(pb, i, spec, g)
+        circuits_a, circuits_b = _group_circuits(factors_a, spec, g), _group_circuits(factors_b, spec, g)
         for name, (la, ra), (lb, rb), dims in zip(("qk", "ov"), circuits_a, circuits_b, (qk_dims, ov_dims)):
             m = constrained_balance(lb, rb, dims)
             lb_m, rb_m = lb @ m, rb @ torch.linalg.inv(m).T
@@ -221,11 +224,12 @@ def balance_transform(graph, head_maps: bool = True, glu: bool = True) -> Transf
 
 
 def _sq(tensors: dict) -> float:
-    return sum(float(v.double().pow(2).sum()) for v in tensors.values())
+    # fp32 products, torch's cascade summation per tensor (relative error ~1e-7), tensors summed in fp64
+    return sum(float(v.float().square().sum()) for v in tensors.values())
 
 
 def _dot(pa: dict, pb: dict, only_unrotated: bool = False) -> float:
-    return sum(float((a.double() * pb[k].double()).sum()) for k, a in pa.items()
+    return sum(float((a.float() * pb[k].float()).sum()) for k, a in pa.items()
                if not only_unrotated or residual_role(k) is None)
 
 
