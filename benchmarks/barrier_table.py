@@ -85,6 +85,28 @@ def run_three_way(name: str, methods: list[str], seq_len: int | None, max_tokens
     return rows
 
 
+def run_narrow(name: str, methods: list[str], seq_len: int | None, max_tokens: int,
+               learned: list[str] = ()) -> list[dict]:
+    """Model A of a pair against a narrower sibling (pairs.NARROW, seed 2), embedded exactly into A's width."""
+    import pairs
+    pair = pairs.get_pair(name)
+    narrow = pairs.narrow_model(name, 2)
+    rows = []
+    for method in methods:
+        options = barrier_options(pair, method, seq_len, max_tokens, learned)
+        report, seconds = measure([pair["model_a"], narrow], options)
+        metric = "perplexity" if report["task"] == "causal-lm" else "accuracy"
+        mid = report["lambdas"].index(0.5)
+        widths = ", ".join(f"{k} {v}" for k, v in pairs.NARROW[name].items())
+        rows.append({"pair": f"{name} A + narrow ({widths})", "method": method, "barrier": report["barrier"],
+                     "loss_a": report["endpoint_loss"][0], "loss_b": report["endpoint_loss"][1],
+                     "loss_mid": report["loss"][mid], "metric": metric,
+                     "metric_a": report[metric][0], "metric_b": report[metric][-1], "metric_mid": report[metric][mid],
+                     "match_s": report["timings"]["match_s"], "total_s": seconds})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| pair | method | test barrier (nats) | loss A | loss B | loss at λ=0.5 | metric A / B / mid | "
              "match s | Theus et al. (Tiny Shakespeare) |", "|---|---|---|---|---|---|---|---|---|"]
@@ -106,6 +128,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     parser.add_argument("--three-way", default="", help="pairs to also merge three ways (a third seed is trained)")
     parser.add_argument("--three-way-methods", default="wm,dual")
+    parser.add_argument("--narrow", default="", help="pairs to also merge with a narrower sibling (pairs.NARROW)")
+    parser.add_argument("--narrow-methods", default="raw,wm,dual")
     parser.add_argument("--learned-args", default="",
                         help="extra merge flags for lm/dual, e.g. '--steps 200 --lr 1e-2'")
     args = parser.parse_args()
@@ -115,6 +139,9 @@ def main() -> None:
     for name in filter(None, args.three_way.split(",")):
         rows += run_three_way(name, args.three_way_methods.split(","), args.seq_len, args.max_eval_tokens,
                               args.learned_args.split())
+    for name in filter(None, args.narrow.split(",")):
+        rows += run_narrow(name, args.narrow_methods.split(","), args.seq_len, args.max_eval_tokens,
+                           args.learned_args.split())
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))

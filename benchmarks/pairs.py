@@ -114,10 +114,11 @@ def train_lm_seed(settings: dict, tokenizer, train_windows: torch.Tensor, seed: 
     return model
 
 
-def train_vit_seed(name: str, images, labels, seed: int, out: Path, progress: bool):
+def train_vit_seed(name: str, images, labels, seed: int, out: Path, progress: bool, model_args: dict | None = None):
     settings = PAIRS[name]
-    model = train_vit(settings["model_args"], images, labels, seed=seed, progress=progress, **settings["training"])
-    save_vit(model, settings["model_args"], out,
+    model_args = model_args or settings["model_args"]
+    model = train_vit(model_args, images, labels, seed=seed, progress=progress, **settings["training"])
+    save_vit(model, model_args, out,
              model_config={"pretrained_cfg": {"tag": f"{name}-seed{seed}"}, "label_names": list(map(str, range(10)))})
     return model
 
@@ -236,6 +237,29 @@ def extra_model(name: str, seed: int, cache_dir: str | Path = "runs/pairs", *, p
         images, labels = read_images(pair["train_data"], input_size=vit_input_size(settings), mean=(0.5,),
                                      std=(0.5,))[:2]
         train_vit_seed(name, images, labels, seed, partial, progress)
+    partial.rename(folder)
+    return str(folder)
+
+
+# narrower siblings for width-heterogeneous rows: the same recipe with these fields changed (head_dim kept)
+NARROW = {"vit-digits": {"embed_dim": 32, "num_heads": 2}}
+
+
+def narrow_model(name: str, seed: int, cache_dir: str | Path = "runs/pairs", *, progress: bool = True) -> str:
+    """A narrower sibling of a pair's models (NARROW[name] changed, same data and recipe, another seed), cached as
+    cache_dir/name/model-narrow-seedN; merged into model A's width by the exact embedding (hf_rebasin.widths)."""
+    if name not in NARROW:
+        raise PairError(f"no narrower sibling is defined for {name!r}; choose one of {', '.join(NARROW)}.")
+    pair = get_pair(name, cache_dir, progress=progress)
+    folder = resolve_cache(cache_dir) / name / f"model-narrow-seed{seed}"
+    if folder.is_dir():
+        return str(folder)
+    settings = PAIRS[name]
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    images, labels = read_images(pair["train_data"], input_size=vit_input_size(settings), mean=(0.5,),
+                                 std=(0.5,))[:2]
+    train_vit_seed(name, images, labels, seed, partial, progress, {**settings["model_args"], **NARROW[name]})
     partial.rename(folder)
     return str(folder)
 
