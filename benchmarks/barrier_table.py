@@ -90,7 +90,7 @@ def run_narrow(name: str, methods: list[str], seq_len: int | None, max_tokens: i
     """Model A of a pair against a narrower sibling (pairs.NARROW, seed 2), embedded exactly into A's width."""
     import pairs
     pair = pairs.get_pair(name)
-    narrow = pairs.narrow_model(name, 2)
+    narrow = pairs.extra_model(name, 2, narrow=True)
     rows = []
     for method in methods:
         options = barrier_options(pair, method, seq_len, max_tokens, learned)

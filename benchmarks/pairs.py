@@ -208,7 +208,7 @@ def get_pair(name: str, cache_dir: str | Path = "runs/pairs", *, progress: bool 
             return pair_paths(name, folder, record)
     folder.mkdir(parents=True, exist_ok=True)
     record_path.unlink(missing_ok=True)
-    for stale in folder.glob("model-seed*"):  # extra seeds of the old recipe (see extra_model)
+    for stale in folder.glob("model-*seed*"):  # extra and narrow seeds of the old recipe (see extra_model)
         shutil.rmtree(stale)
     build = build_lm_pair if PAIRS[name]["task"] == "causal-lm" else build_vit_pair
     metrics = build(name, folder, progress)
@@ -218,11 +218,20 @@ def get_pair(name: str, cache_dir: str | Path = "runs/pairs", *, progress: bool 
     return pair_paths(name, folder, record)
 
 
-def extra_model(name: str, seed: int, cache_dir: str | Path = "runs/pairs", *, progress: bool = True) -> str:
-    """A further model of a pair (same recipe and data, another seed), for N-way merges: cache_dir/name/model-seedN.
-    Trained into a temporary folder and renamed, so an interrupted run leaves nothing to mistake for a model."""
+# narrower siblings for width-heterogeneous rows: the same recipe with these fields changed (head_dim kept)
+NARROW = {"vit-digits": {"embed_dim": 32, "num_heads": 2}}
+
+
+def extra_model(name: str, seed: int, cache_dir: str | Path = "runs/pairs", *, progress: bool = True,
+                narrow: bool = False) -> str:
+    """A further model of a pair (same recipe and data, another seed), for N-way merges: cache_dir/name/model-seedN;
+    with narrow=True a narrower sibling (NARROW[name] changed), cache_dir/name/model-narrow-seedN, for
+    width-heterogeneous merges.  Trained into a temporary folder and renamed, so an interrupted run leaves nothing
+    to mistake for a model."""
+    if narrow and name not in NARROW:
+        raise PairError(f"no narrower sibling is defined for {name!r}; choose one of {', '.join(NARROW)}.")
     pair = get_pair(name, cache_dir, progress=progress)
-    folder = resolve_cache(cache_dir) / name / f"model-seed{seed}"
+    folder = resolve_cache(cache_dir) / name / f"model-{'narrow-' if narrow else ''}seed{seed}"
     if folder.is_dir():
         return str(folder)
     settings = PAIRS[name]
@@ -236,30 +245,8 @@ def extra_model(name: str, seed: int, cache_dir: str | Path = "runs/pairs", *, p
     else:
         images, labels = read_images(pair["train_data"], input_size=vit_input_size(settings), mean=(0.5,),
                                      std=(0.5,))[:2]
-        train_vit_seed(name, images, labels, seed, partial, progress)
-    partial.rename(folder)
-    return str(folder)
-
-
-# narrower siblings for width-heterogeneous rows: the same recipe with these fields changed (head_dim kept)
-NARROW = {"vit-digits": {"embed_dim": 32, "num_heads": 2}}
-
-
-def narrow_model(name: str, seed: int, cache_dir: str | Path = "runs/pairs", *, progress: bool = True) -> str:
-    """A narrower sibling of a pair's models (NARROW[name] changed, same data and recipe, another seed), cached as
-    cache_dir/name/model-narrow-seedN; merged into model A's width by the exact embedding (hf_rebasin.widths)."""
-    if name not in NARROW:
-        raise PairError(f"no narrower sibling is defined for {name!r}; choose one of {', '.join(NARROW)}.")
-    pair = get_pair(name, cache_dir, progress=progress)
-    folder = resolve_cache(cache_dir) / name / f"model-narrow-seed{seed}"
-    if folder.is_dir():
-        return str(folder)
-    settings = PAIRS[name]
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    images, labels = read_images(pair["train_data"], input_size=vit_input_size(settings), mean=(0.5,),
-                                 std=(0.5,))[:2]
-    train_vit_seed(name, images, labels, seed, partial, progress, {**settings["model_args"], **NARROW[name]})
+        model_args = {**settings["model_args"], **NARROW[name]} if narrow else None
+        train_vit_seed(name, images, labels, seed, partial, progress, model_args)
     partial.rename(folder)
     return str(folder)
 

@@ -128,10 +128,9 @@ def replace_dir(new: Path, target: Path) -> None:
 
 
 @contextmanager
-def atomic_output_dir(out: str | Path, *, force: bool = False, sources: tuple = ()):
-    """Yield a temporary folder beside `out`; it becomes `out` only when the block succeeds."""
-    out = Path(out).expanduser().absolute()
-    check_output_dir(out, force=force, sources=sources)
+def staged_dir(out: Path):
+    """Yield a temporary folder beside `out`; it replaces `out` only when the block succeeds (else it is removed
+    and `out` is left as it was)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out)
     tmp = _staging_dir(out, "new")
@@ -142,6 +141,15 @@ def atomic_output_dir(out: str | Path, *, force: bool = False, sources: tuple = 
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def atomic_output_dir(out: str | Path, *, force: bool = False, sources: tuple = ()):
+    """staged_dir for an hf-rebasin output, after the --out/--force safety checks."""
+    out = Path(out).expanduser().absolute()
+    check_output_dir(out, force=force, sources=sources)
+    with staged_dir(out) as tmp:
+        yield tmp
 
 
 def _link_tree(folder: Path, stage: Path) -> None:

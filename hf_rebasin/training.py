@@ -7,16 +7,15 @@ deterministic for a given seed: the seed sets both the initialisation and the da
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import sysconfig
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+
+from .io import staged_dir
 
 # --- a real corpus every machine has: CPython's standard-library sources (PSF License) --------------------
 
@@ -235,39 +234,12 @@ def classifier_metrics(model: torch.nn.Module, images: torch.Tensor, labels: tor
     return total / len(images), correct / len(images)
 
 
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def write_atomically(out_dir: str | Path, write) -> Path:
-    """Call write(tmp_dir) on a temporary folder beside out_dir, then move it into place.
-
-    An existing out_dir is replaced only once the new folder is complete; on any failure
-    (or Ctrl-C) the temporary folder is removed and out_dir is left as it was.
-    """
+    """Call write(tmp_dir) on a temporary folder beside out_dir, then move it into place (io.staged_dir): an
+    existing out_dir is replaced only once the new folder is complete; on any failure it is left as it was."""
     out_dir = Path(out_dir).resolve()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; the result is an ordinary folder
+    with staged_dir(out_dir) as tmp:
         write(tmp)
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            old.rmdir()
-            out_dir.rename(old)
-            try:
-                tmp.rename(out_dir)
-            except BaseException:
-                old.rename(out_dir)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 

@@ -38,6 +38,14 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped under HF_REBASIN_STRICT_SKIPS=1 (not allowed): {reason}"
 
 
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    """Held-out text for the barrier: standard-library files the tiny models were not trained on."""
+    path = tmp_path_factory.mktemp("data") / "heldout.txt"
+    path.write_text(corpus.heldout_text(20000))
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """One tiny random checkpoint folder per supported variant (seed 1)."""

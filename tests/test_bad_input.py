@@ -24,7 +24,6 @@ import time
 import types
 from pathlib import Path
 
-import corpus
 import pytest
 import torch
 from conftest import REPO
@@ -96,13 +95,6 @@ def test_every_ranged_flag_is_driven():
 def file_hashes(*folders: Path) -> dict[str, str]:
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
             for folder in folders for p in sorted(Path(folder).rglob("*")) if p.is_file()}
-
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "heldout.txt"
-    path.write_text(corpus.heldout_text(20000))
-    return path
 
 
 @pytest.fixture(scope="module")

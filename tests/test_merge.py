@@ -4,7 +4,6 @@ import json
 import math
 
 import checks
-import corpus
 import numpy as np
 import pytest
 import torch
@@ -14,13 +13,6 @@ from conftest import train_char_models
 from hf_rebasin import models, symmetry, tiny
 from hf_rebasin.cli import main
 from hf_rebasin.symmetry import Transform
-
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "heldout.txt"
-    path.write_text(corpus.heldout_text(20000))
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import corpus
 import pytest
 import torch
 from hub_server import FakeHub, use_fake_hub
@@ -16,13 +15,6 @@ from hf_rebasin.cli import main
 from hf_rebasin.match.weight import weight_matching
 from hf_rebasin.sources import CheckpointFiles
 from hf_rebasin.symmetry import apply
-
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "heldout.txt"
-    path.write_text(corpus.heldout_text(20000))
-    return path
 
 
 def half_copy(source, out):
