@@ -78,8 +78,9 @@ def random_tensors(config, seed: int):
     yield "embed_out.weight", draw(vocab, d)
 
 
-def make_checkpoint(name: str, seed: int, folder: Path) -> Path:
-    """A random-init checkpoint in fp16 safetensors shards of at most 2 GB, written one tensor at a time."""
+def make_checkpoint(name: str, seed: int, folder: Path, tokenizer: bool = True) -> Path:
+    """A random-init checkpoint in fp16 safetensors shards of at most 2 GB, written one tensor at a time (with
+    the GPT-2 tokenizer of ../shared/data unless `tokenizer` is False)."""
     if (folder / "config.json").is_file():
         return folder
     partial = folder.with_name(folder.name + ".partial")
@@ -90,7 +91,7 @@ def make_checkpoint(name: str, seed: int, folder: Path) -> Path:
         for key, tensor in random_tensors(config, seed):
             writer.add(key, tensor)
     config.save_pretrained(partial)
-    for file in (SHARED / "gpt2_tokenizer").iterdir():
+    for file in (SHARED / "gpt2_tokenizer").iterdir() if tokenizer else ():
         shutil.copy2(file, partial / file.name)
     partial.rename(folder)
     return folder

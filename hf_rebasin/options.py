@@ -103,8 +103,9 @@ class MergeOptions:
     lambda_dist: str | None = option(None, "λ per step: uniform U(0,1) or narrow U(0.4,0.6); N models: Dirichlet(1) or "
                                      "Dirichlet(36) (default: narrow for lm, uniform for dual)", group=LEARNED,
                                      choices=LAMBDA_DISTRIBUTIONS)
-    train_data: str | None = option(None, "training data for lm/dual, same forms as --data (default: --match-data, "
-                                    "else --data; pass a separate split!)", group=LEARNED)
+    train_data: str | None = option(None, "training data for lm/dual, same forms as --data, or a token file FILE.npy "
+                                    "(`hf-rebasin tokenize`, read memory-mapped) (default: --match-data, else --data "
+                                    "split in halves)", group=LEARNED)
     allow_train_on_eval: bool = option(False, "accept training data that shares examples with the evaluation data "
                                        "(refused otherwise: the barrier would be in-sample)", group=LEARNED)
     max_train_tokens: int | None = option(None, "cap on training tokens (LMs; default all)", group=LEARNED, low=1)
@@ -116,7 +117,9 @@ class MergeOptions:
     checkpoint_dir: str = option("runs/learned", "checkpoint folder", group=LEARNED)
     resume: str | None = option(None, "resume from a checkpoint file (or the newest one in a folder)", group=LEARNED)
     learn_seed: int = option(0, "seed of the data order and λ draws", group=LEARNED, low=0)
-    learn_precision: str = option("auto", "autocast of the model forward: auto = bf16 on CUDA, fp32 on CPU",
+    learn_precision: str = option("auto", "bf16: endpoints held in bf16, their transforms and the forward under "
+                                  "bf16 autocast, symmetry parameters and optimiser state in fp32; auto = bf16 on "
+                                  "CUDA, fp32 on CPU",
                                   group=LEARNED, choices=("auto", "bf16", "fp32"))
 
     # --- derived values ------------------------------------------------------------------------------

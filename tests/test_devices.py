@@ -60,3 +60,57 @@ def test_the_group_action_and_the_export_stay_on_the_device_and_dtype(kind, tiny
                  graph.norm_eps)
     state_dict, _ = loaded.adapter.from_canonical(half, loaded.config)
     assert {v.dtype for v in state_dict.values() if v.is_floating_point()} == {torch.bfloat16}
+
+
+# bf16 keeps 8 significant bits (relative rounding 2^-9 per stored value and per product): the loss of the
+# bf16 path stays within 1 % of the fp32 one (measured on these tiny models: at most 0.23 %)
+BF16_RELATIVE_LOSS = 1e-2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bf16_learning_stores_the_endpoints_in_bf16_and_learns_in_fp32(kind, tiny_dirs, tmp_path):
+    from hf_rebasin import tiny
+    from hf_rebasin.match.learned import PathLoss
+    template = models.load(tiny_dirs[kind])
+    a = models.canonicalise(template).materialise()
+    b = models.canonicalise(models.load(tiny.make_tiny(kind, tmp_path / "b", seed=5))).materialise()
+    ends = {"0": SymmetryParams(a.spec, symmetry.random_transform(a.spec, seed=4)),
+            "1": SymmetryParams(b.spec, symmetry.random_transform(b.spec, seed=3))}
+    x = tiny.example_inputs(kind, seed=4)
+    y = None if template.task == "causal-lm" else torch.randint(0, 10, (len(x),))
+    half = PathLoss([a, b], ends, template, template.task, torch.bfloat16)
+    full = PathLoss([a, b], ends, template, template.task, None)
+    stored = [v for g in half.graphs.values() for v in g.params.values()]
+    assert {v.dtype for v in stored} == {torch.bfloat16}
+    assert sum(v.nbytes for v in stored) * 2 == sum(v.nbytes for g in full.graphs.values() for v in g.params.values())
+    loss = half(x, y, 0.4)
+    loss.backward()
+    learned = [p for p in half.parameters() if p.requires_grad]
+    assert learned and all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in learned)
+    assert all(torch.isfinite(p.grad).all() for p in learned) and any(p.grad.abs().max() > 0 for p in learned)
+    with torch.no_grad():
+        reference = float(full(x, y, 0.4))
+    assert abs(float(loss.detach()) - reference) < BF16_RELATIVE_LOSS * reference
+
+
+def test_a_bf16_run_returns_exact_symmetries_and_reports_its_peak_memory(tiny_dirs, tmp_path):
+    from hf_rebasin import tiny
+    from hf_rebasin.evaluation import EvalData
+    from hf_rebasin.match import Alignment
+    from hf_rebasin.match.learned import learn
+    from hf_rebasin.options import MergeOptions
+    template = models.load(tiny_dirs["gpt_neox"])
+    b_dir = tiny.make_tiny("gpt_neox", tmp_path / "b", seed=5)
+    graphs = [models.canonicalise(template), models.canonicalise(models.load(b_dir))]
+    data = EvalData("causal-lm", torch.randint(0, 97, (32, 16), generator=torch.Generator().manual_seed(0)))
+    options = MergeOptions(method="dual", steps=3, lr=0.05, learn_batch_size=8, eval_every=0, learn_precision="bf16",
+                           device="cpu", checkpoint_dir=str(tmp_path / "ckpt"))
+    start = Alignment([symmetry.Transform.identity(g.spec) for g in graphs])
+    result = learn(graphs, start, template, data, None, options, progress=False)
+    assert (result.transforms[1].rotation - torch.eye(graphs[1].spec.d_model)).abs().max() > 1e-3  # it learned
+    x = tiny.example_inputs("gpt_neox", seed=4)
+    for graph, transform, folder in zip(graphs, result.transforms, (tiny_dirs["gpt_neox"], b_dir)):
+        moved = models.instantiate(symmetry.apply(graph, transform), template)
+        assert (tiny.outputs(moved, x) - tiny.outputs(models.load(folder).model, x)).abs().max() < 1e-4
+    peak = result.settings["peak_memory"]
+    assert peak["what"] == "peak RSS of the process" and peak["GiB"] > 0.1

@@ -27,7 +27,9 @@ for the model on T tokens, so an lm or dual step costs about 1 + d/T plain train
 
 Memory: this is NOT layer by layer.  Every step materialises a full transformed state dict (plus the
 intermediates of the transform chain and the interpolated point, which autograd keeps for the backward)
-on top of the frozen endpoints.
+on top of the frozen endpoints.  With ``--learn-precision bf16`` (the default on CUDA) the endpoints are held
+in bf16 and the transforms act on them under autocast, so each of those copies is bf16 too; the group
+elements (small matrices), their gradients and AdamW's state stay fp32.
 """
 from __future__ import annotations
 
@@ -76,10 +78,12 @@ class PathLoss(nn.Module):
         super().__init__()
         from ..models import instantiate
         self.ends = nn.ModuleDict(ends)
-        self.graphs = {str(k): g.materialise() for k, g in enumerate(graphs)}  # trained through: held in memory
+        # trained through: held in memory, in the autocast dtype when there is one (bf16 endpoints)
+        self.graphs = {str(k): stored(g.materialise(), autocast_dtype) for k, g in enumerate(graphs)}
         self.template, self.task, self.autocast_dtype = template, task, autocast_dtype
         self.__dict__["model"] = strip_parameters(instantiate(graphs[0], template))  # not a submodule
         self.__dict__["norms"] = template.adapter.norm_modules(self.model) if graphs[0].spec.scale_exact else []
+        self.first_key = next(iter(self.graphs["0"].params))
         n = len(graphs)
         self.n_models = n
         self.vertices = [tuple(1.0 if j == i else 0.0 for j in range(n)) for i in range(n)]
@@ -108,10 +112,16 @@ class PathLoss(nn.Module):
                 and not self.ends["0"].has_permutations())
 
     def end_graphs(self, graphs: dict[str, Graph]) -> list[Graph]:
+        # the group elements themselves are computed in fp32 even under autocast; only their action on the
+        # (bf16) weights runs in the autocast dtype
+        device_type = next(iter(graphs.values())).params[self.first_key].device.type
+        with torch.autocast(device_type, enabled=False) if self.autocast_dtype else _nothing():
+            elements = {k: end._continuous() for k, end in self.ends.items()}
+            if self.relative:
+                relative = relative_continuous(elements["0"], elements["1"], self.ends["1"].spec)
         if self.relative:
-            a, b = self.ends["0"], self.ends["1"]
-            return [graphs["0"], b.apply(graphs["1"], relative_continuous(a._continuous(), b._continuous(), b.spec))]
-        return [self.ends[k].apply(g) if k in self.ends else g for k, g in graphs.items()]
+            return [graphs["0"], self.ends["1"].apply(graphs["1"], relative)]
+        return [self.ends[k].apply(g, elements[k]) if k in self.ends else g for k, g in graphs.items()]
 
     def point(self, lam, rows: Tensor | None = None) -> Graph:
         """The point trained on.  With `rows` (the token ids of the batch) only those rows of the token
@@ -124,25 +134,34 @@ class PathLoss(nn.Module):
             graphs = {k: g.replace({**g.params, key: g.params[key][rows]}) for k, g in graphs.items()}
         point = interpolate(self.end_graphs(graphs), self.weights(lam))
         if rows is not None:  # unused rows: the first model's own (any value would do)
-            full = first.params[key].index_put((rows,), point.params[key])
+            full = first.params[key].index_put((rows,), point.params[key].to(first.params[key].dtype))
             point = point.replace({**point.params, key: full})
         return point
 
     def forward(self, inputs: Tensor, labels: Tensor | None, lam) -> Tensor:
         from torch.func import functional_call
         sparse = self.task == "causal-lm" and self.graphs["0"].spec.token_embedding is not None
-        point = self.point(lam, torch.unique(inputs) if sparse else None)
-        state_dict, _ = self.template.adapter.from_canonical(point, self.template.config)
-        for module, attr in self.norms:  # the residual scale g is exact only with eps scaled by g^2
-            setattr(module, attr, point.norm_eps)
+        # under autocast the transforms run in the endpoints' bf16 too (no fp32 copy of a model is ever made);
+        # the symmetry parameters, their gradients and the optimiser state stay fp32
         autocast = torch.autocast(inputs.device.type, dtype=self.autocast_dtype) if self.autocast_dtype else _nothing()
         with autocast:
+            point = self.point(lam, torch.unique(inputs) if sparse else None)
+            state_dict, _ = self.template.adapter.from_canonical(point, self.template.config)
+            for module, attr in self.norms:  # the residual scale g is exact only with eps scaled by g^2
+                setattr(module, attr, point.norm_eps)
             if self.task == "causal-lm":
                 out = functional_call(self.model, state_dict, (), {"input_ids": inputs, "use_cache": False})
                 logits = out.logits[:, :-1].float()
                 return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), inputs[:, 1:].reshape(-1))
             logits = functional_call(self.model, state_dict, (inputs,)).float()
             return F.cross_entropy(logits, labels)
+
+
+def stored(graph: Graph, dtype: torch.dtype | None) -> Graph:
+    """The graph with its floating-point tensors in `dtype` (unchanged when None)."""
+    if dtype is None:
+        return graph
+    return graph.replace({k: v.to(dtype) if v.is_floating_point() else v for k, v in graph.params.items()})
 
 
 class _nothing:
@@ -168,6 +187,8 @@ def digest_tensors(tensors: dict[str, Tensor]) -> str:
 
 
 def digest_data(data) -> str:
+    if hasattr(data.inputs, "digest"):  # a memory-mapped token file (token_files.TokenWindows)
+        return data.inputs.digest()
     tensors = {"inputs": data.inputs}
     if data.labels is not None:
         tensors["labels"] = data.labels
@@ -226,6 +247,8 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
     except ValueError as error:
         raise OptionError(str(error)) from error
     device = accelerator.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     path_loss = PathLoss(frames, ends, template, train.task, autocast_dtype(options, device)).to_device(device)
     log = train_transforms(path_loss, accelerator, train, eval_data, options, fingerprint=fingerprint,
                            resume_state=resume_state, progress=progress, on_step=on_step)
@@ -242,12 +265,23 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
                 "wm": start.settings, "num_processes": accelerator.num_processes, "device": str(device),
                 "learned_parameters": sum(p.numel() for p in path_loss.parameters() if p.requires_grad),
                 "model_parameters": sum(v.numel() for v in path_loss.graphs["0"].params.values()),
-                "train_data": dict(train.info or {}), "notes": []}
+                "train_data": dict(train.info or {}), "peak_memory": peak_memory(device), "notes": []}
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         accelerator.end_training()
     wm_log = [{"stage": "wm", **entry} for entry in start.log]
     return Alignment(transforms, wm_log + log, settings)
+
+
+def peak_memory(device: torch.device) -> dict:
+    """Peak memory of this process so far: allocated CUDA memory on a GPU (since learning began), else the
+    process's peak resident set (which includes loading the models)."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        return {"what": "torch.cuda.max_memory_allocated", "GiB": round(peak / 2**30, 3)}
+    import resource
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return {"what": "peak RSS of the process", "GiB": round(rss / 2**30, 3)}
 
 
 def is_main_process() -> bool:

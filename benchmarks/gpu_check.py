@@ -1,0 +1,172 @@
+"""GPU check of dual learned matching at published sizes: step cost, throughput, peak memory, exactness.
+
+    python benchmarks/gpu_check.py                  # on a GPU: Pythia-160M and Pythia-1B configs, 40 dual steps each
+    .venv/bin/python benchmarks/gpu_check.py --device cpu --configs 14m --steps 4 --batch 2 --seq 64   # CPU smoke run
+
+For each config: two random-init checkpoints with the exact published Pythia config, stored in fp16 (written
+shard by shard, as in merge_size.py), loaded and canonicalised by the library; then the library's own
+learned-matching loop (`hf_rebasin.match.learned.learn`, the code `--method dual` runs) for --steps steps at
+batch --batch × --seq tokens with --learn-precision bf16 (endpoints stored in bf16, symmetry parameters and
+AdamW state in fp32, autocast forward), from the identity (random models have nothing for weight matching
+to find, and the check is about the learned step).  Printed per config:
+
+* the median dual step (after two warm-up steps) against a plain forward + backward of one model with
+  trainable fp32 weights under the same autocast at the same batch (what a training step of the model
+  itself costs without its optimiser), and tokens/s of the dual step;
+* peak memory: torch.cuda.max_memory_allocated of the learned run and of the plain step (peak RSS on CPU);
+* exactness: each model's loss on a held batch, in fp32, before and after applying its learned transform
+  (an exact symmetry: the change must be at rounding level, < 1e-3 nats, else the row says CHANGED);
+* the hours a real pair needs at a budget of --budget-steps steps of the same batch (Li & Shen train dual
+  matching for tens of thousands of steps at 16 × 512 tokens; 20,000 is the default assumption).
+
+Exit status 1 if any exactness check fails.  Takes about 3 minutes on one H100-class GPU (mostly writing
+and reading the 1B checkpoints); --work keeps the checkpoints between runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from merge_size import PYTHIA, make_checkpoint  # noqa: E402
+
+from hf_rebasin import models  # noqa: E402
+from hf_rebasin.evaluation import EvalData, evaluate  # noqa: E402
+from hf_rebasin.match import Alignment  # noqa: E402
+from hf_rebasin.match.learned import learn  # noqa: E402
+from hf_rebasin.options import MergeOptions  # noqa: E402
+from hf_rebasin.symmetry import Transform, apply  # noqa: E402
+
+EXACT_NATS = 1e-3
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def peak_gib(device: str) -> float:
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+
+
+def plain_step_seconds(loaded, x: torch.Tensor, device: str, precision: str, repeats: int = 5) -> tuple[float, float]:
+    """(median seconds, peak GiB) of forward + backward of one model with trainable weights."""
+    model = loaded.backend.load_model(loaded).to(device).train()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        with autocast:
+            logits = model(input_ids=x, use_cache=False).logits[:, :-1].float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    peak = peak_gib(device)
+    del model, logits, loss
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return statistics.median(times[1:]), peak
+
+
+def loss_of(graph, template, batch: EvalData, device: str) -> float:
+    model = models.instantiate(graph, template)
+    loss = evaluate(model, batch, batch_size=len(batch.inputs), device=device)["loss"]
+    del model
+    return loss
+
+
+def check(name: str, work: Path, args) -> dict:
+    folders = [make_checkpoint(name, seed, work / f"pythia-{name}-seed{seed}", tokenizer=False) for seed in (1, 2)]
+    loaded = [models.load(f) for f in folders]
+    graphs = [models.canonicalise(m).materialise() for m in loaded]
+    vocab = PYTHIA[name][4]
+    gen = torch.Generator().manual_seed(0)
+    train = EvalData("causal-lm", torch.randint(0, vocab, (args.batch * args.steps, args.seq), generator=gen))
+    held = EvalData("causal-lm", torch.randint(0, vocab, (2, args.seq), generator=gen))
+    x = train.inputs[:args.batch].to(args.device)
+
+    plain_s, plain_peak = plain_step_seconds(loaded[0], x, args.device, args.precision)
+
+    options = MergeOptions(method="dual", steps=args.steps, learn_batch_size=args.batch, eval_every=0,
+                           learn_precision=args.precision, device=args.device,
+                           checkpoint_dir=str(work / "checkpoints"))
+    stamps: list[float] = []
+    start = Alignment([Transform.identity(g.spec) for g in graphs])
+    began = time.perf_counter()
+    result = learn(graphs, start, loaded[0], train, None, options, progress=False,
+                   on_step=lambda done, loss: stamps.append(time.perf_counter()))
+    learn_s = time.perf_counter() - began
+    step_times = [b - a for a, b in zip(stamps, stamps[1:])][1:]  # the first two steps are warm-up
+    dual_s = statistics.median(step_times)
+    changes = [abs(loss_of(apply(g, t), loaded[0], held, args.device) - loss_of(g, loaded[0], held, args.device))
+               for g, t in zip(graphs, result.transforms)]
+    moved = max(float((t.rotation - torch.eye(t.rotation.shape[0])).abs().max()) for t in result.transforms)
+    tokens_per_s = args.batch * args.seq / dual_s
+    return {"config": f"pythia-{name}", "params": sum(v.numel() for v in graphs[0].params.values()),
+            "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",
+            "precision": args.precision, "batch": args.batch, "seq": args.seq, "steps": args.steps,
+            "plain_step_s": plain_s, "dual_step_s": dual_s, "ratio": dual_s / plain_s,
+            "tokens_per_s": tokens_per_s, "learn_wall_s": learn_s,
+            "peak_gib_dual": result.settings["peak_memory"]["GiB"], "peak_gib_plain": plain_peak,
+            "peak_memory_kind": result.settings["peak_memory"]["what"],
+            "rotation_moved": moved, "endpoint_loss_change": max(changes),
+            "exact": max(changes) < EXACT_NATS,
+            "budget_steps": args.budget_steps, "budget_hours": args.budget_steps * dual_s / 3600}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default="160m,1b", help=f"comma-separated, of {', '.join(PYTHIA)}")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--budget-steps", type=int, default=20_000)
+    parser.add_argument("--work", help="folder for the checkpoints (default: a temporary one)")
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args()
+    if args.steps < 4:
+        parser.error("--steps must be at least 4 (two warm-up steps, then the timed ones)")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.work or tmp)
+        rows = []
+        for name in args.configs.split(","):
+            row = check(name, work, args)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"\n| config | device | precision | batch × seq | plain f+b s | dual step s | ratio | tokens/s | "
+          f"peak GiB dual / plain | endpoint Δloss | hours at {args.budget_steps} steps |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['config']} | {r['device']} | {r['precision']} | {r['batch']} × {r['seq']} | "
+              f"{r['plain_step_s']:.3f} | {r['dual_step_s']:.3f} | {r['ratio']:.2f} | {r['tokens_per_s']:.0f} | "
+              f"{r['peak_gib_dual']:.2f} / {r['peak_gib_plain']:.2f} | {r['endpoint_loss_change']:.1e}"
+              f"{'' if r['exact'] else ' CHANGED'} | {r['budget_hours']:.1f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0 if all(r["exact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
