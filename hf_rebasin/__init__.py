@@ -7,6 +7,8 @@
 Options are the fields of hf_rebasin.options.MergeOptions (the flags of `hf-rebasin merge`, with _ for -)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from .requirements import check_installed_versions
 
 __version__ = "0.1.0"
@@ -32,6 +34,28 @@ def barrier(models, *, json_path=None, progress: bool = True, options=None, **op
     return run(list(models), options, json_path=json_path, progress=progress)
 
 
+def tokenize(data, model, out, *, text_field: str = "text", split: str | None = None, max_tokens: int | None = None,
+             force: bool = False, progress: bool = True) -> dict:
+    """Tokenise a text spec (as --data takes it) with the model's tokenizer into a token file `out` (.npy, read
+    memory-mapped by --train-data); a datasets spec is read as a streaming split.  Returns what the file holds."""
+    from transformers import AutoTokenizer
+
+    from .errors import UserError
+    from .token_files import metadata_path, write_token_file
+    if max_tokens is not None and max_tokens < 1:
+        raise UserError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if Path(out).expanduser().exists() and not force:
+        raise UserError(f"{out} exists; pass force=True (--force) to replace it")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model))
+    except Exception as error:  # noqa: BLE001 - a missing or broken tokenizer is one user problem
+        raise UserError(f"{model} has no loadable tokenizer ({type(error).__name__}: {' '.join(str(error).split())})"
+                        ) from error
+    record = write_token_file(str(data), tokenizer, out, text_field=text_field, split=split, max_tokens=max_tokens,
+                              tokenizer_name=str(model), progress=progress)
+    return {**record, "file": str(out), "metadata": str(metadata_path(out))}
+
+
 def load(source):
     """A supported model (Hub id or local folder), loaded in fp32 with its adapter and backend."""
     from .models import load as load_model
@@ -44,4 +68,4 @@ def describe(source) -> dict:
     return describe_model(source)
 
 
-__all__ = ["__version__", "barrier", "describe", "load", "merge"]
+__all__ = ["__version__", "barrier", "describe", "load", "merge", "tokenize"]

@@ -40,6 +40,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -111,8 +112,9 @@ def _load_saved_dataset(spec: str, folder: Path, split: str | None):
     return loaded
 
 
-def _load_datasets_spec(spec: str, split: str | None):
-    """``datasets.load_dataset`` for a NAME[:CONFIG[:SPLIT]] spec; every failure becomes a DataError."""
+def _load_datasets_spec(spec: str, split: str | None, streaming: bool = False):
+    """``datasets.load_dataset`` for a NAME[:CONFIG[:SPLIT]] spec (an IterableDataset read as it goes with
+    `streaming`); every failure becomes a DataError."""
     import datasets
     name, config, spec_split = _parse_datasets_spec(spec)
     kwargs: dict = {}
@@ -131,6 +133,8 @@ def _load_datasets_spec(spec: str, split: str | None):
         chosen_split = spec_split or split or _HUB_DEFAULT_SPLIT
         call = (name, config) if config is not None else (name,)
     try:
+        if streaming:
+            kwargs["streaming"] = True
         return datasets.load_dataset(*call, split=chosen_split, **kwargs)
     except Exception as error:  # noqa: BLE001 - offline, unknown id, bad split, bad files: all the user's to fix
         offline = bool(getattr(datasets.config, "HF_HUB_OFFLINE", False)) or any(
@@ -248,11 +252,62 @@ def read_texts(spec: str, *, text_field: str = "text", split: str | None = None)
     return texts
 
 
+def iter_texts(spec: str, *, text_field: str = "text", split: str | None = None) -> Iterator[str]:
+    """The documents of ``spec`` in ``read_texts``'s order, read as they are consumed: a .jsonl file line by line,
+    a folder file by file, a saved dataset row by row and a ``datasets`` spec as a streaming split (so a corpus
+    larger than memory can be tokenised).  A plain text file is one document, read whole."""
+    spec = str(spec)
+    path = Path(spec).expanduser()
+    found = False
+    if path.is_file() and path.suffix.lower() in JSON_LINES_SUFFIXES and not (
+            path.suffix == ".json" and path.read_text(errors="replace")[:4096].lstrip().startswith("[")):
+        documents = _jsonl_texts(path, text_field)
+    elif path.is_dir() and not _is_saved_dataset(path):
+        documents = (text for file in _visible_files(path) if (text := _decode_text_file(file)) is not None)
+    elif path.is_file() or _looks_like_path(spec):
+        documents = iter(read_texts(spec, text_field=text_field, split=split))
+    else:
+        dataset = (_load_saved_dataset(spec, path, split) if path.is_dir()
+                   else _load_datasets_spec(spec, split, streaming=True))
+        documents = _dataset_texts(dataset, spec, text_field)
+    for text in documents:
+        if text and not text.isspace():
+            found = True
+            yield text
+    if not found:
+        raise DataError(f"data spec {spec!r} contains no text; give a file or dataset with non-empty documents")
+
+
+def _jsonl_texts(path: Path, text_field: str) -> Iterator[str]:
+    with open(path, encoding="utf-8", errors="strict") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{path} line {number} is not valid JSON ({error.msg}); a .jsonl file needs one JSON "
+                                f"object per line") from error
+            yield from _texts_from_records([record], f"{path} line {number}:", text_field)
+
+
+def _dataset_texts(dataset, spec: str, text_field: str) -> Iterator[str]:
+    for number, row in enumerate(dataset, start=1):
+        if text_field not in row:
+            raise DataError(f"dataset {spec!r} has no column {text_field!r}; its columns are {sorted(row)}. "
+                            f"Choose one with --text-field")
+        value = row[text_field]
+        if not isinstance(value, str):
+            raise DataError(f"dataset {spec!r} row {number} column {text_field!r} holds {type(value).__name__}, not "
+                            f"text; choose a text column with --text-field (columns: {sorted(row)})")
+        yield value
+
+
 # -------------------------------------------------------------------------------------------------------- tokens
 
 _CHUNK_CHARS = 200_000  # long documents are tokenised piece by piece, split at line breaks (see _chunks)
 _BATCH_PIECES = 64
-_PROGRESS_MIN_PIECES = 256
+_PROGRESS_MIN_CHARS = 8_000_000  # a progress bar for inputs that take more than a few seconds
 
 # A line break with non-space characters on both sides: for byte-level BPE tokenizers (GPT-2, GPT-NeoX, LLaMA-3,
 # OLMo) the pre-tokeniser always makes such a '\n' its own piece, so cutting right after it does not change the ids.
@@ -289,6 +344,34 @@ def _chunks(text: str, size: int) -> list[str]:
     return pieces
 
 
+def token_stream(texts: Iterable[str], tokenizer) -> Iterator[tuple[int, list[int]]]:
+    """The token ids of the documents under the fixed protocol, a batch of pieces at a time: (characters, ids).
+    Documents are tokenised without special tokens in pieces (``_chunks``) and joined with EOS."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    batch: list[tuple[int, str]] = []  # (document index, piece); EOS goes wherever the document index changes
+    previous_doc = None
+
+    def encode(batch):
+        nonlocal previous_doc
+        encoded = tokenizer([piece for _, piece in batch], add_special_tokens=False, verbose=False)["input_ids"]
+        ids: list[int] = []
+        for (doc, _), piece_ids in zip(batch, encoded):
+            if previous_doc is not None and doc != previous_doc and eos is not None:
+                ids.append(eos)
+            previous_doc = doc
+            ids.extend(piece_ids)
+        return sum(len(piece) for _, piece in batch), ids
+
+    for doc, text in enumerate(texts):
+        for piece in _chunks(text, _CHUNK_CHARS):
+            batch.append((doc, piece))
+            if len(batch) == _BATCH_PIECES:
+                yield encode(batch)
+                batch = []
+    if batch:
+        yield encode(batch)
+
+
 def token_windows(texts: list[str], tokenizer, seq_len: int, max_tokens: int | None = None,
                   max_tokens_flag: str = "--max-eval-tokens") -> torch.Tensor:
     """LongTensor (n_windows, seq_len): the fixed windowing protocol of the module docstring."""
@@ -302,23 +385,13 @@ def token_windows(texts: list[str], tokenizer, seq_len: int, max_tokens: int | N
         raise DataError(f"{max_tokens_flag} {max_tokens} is smaller than --seq-len {seq_len}; no full window fits. "
                         f"Raise {max_tokens_flag} or lower --seq-len")
     needed = None if max_tokens is None else (max_tokens // seq_len) * seq_len
-    eos = getattr(tokenizer, "eos_token_id", None)
-
-    # (document index, piece) pairs; EOS is inserted whenever the document index changes
-    pieces = [(doc, piece) for doc, text in enumerate(texts) for piece in _chunks(text, _CHUNK_CHARS)]
+    n_chars = sum(map(len, texts))
     ids: list[int] = []
-    bar = tqdm(total=len(pieces), desc="tokenising", unit="piece", disable=len(pieces) < _PROGRESS_MIN_PIECES)
-    previous_doc = None
+    bar = tqdm(total=n_chars, desc="tokenising", unit="char", unit_scale=True, disable=n_chars < _PROGRESS_MIN_CHARS)
     try:
-        for start in range(0, len(pieces), _BATCH_PIECES):
-            batch = pieces[start:start + _BATCH_PIECES]
-            encoded = tokenizer([piece for _, piece in batch], add_special_tokens=False, verbose=False)["input_ids"]
-            for (doc, _), piece_ids in zip(batch, encoded):
-                if previous_doc is not None and doc != previous_doc and eos is not None:
-                    ids.append(eos)
-                previous_doc = doc
-                ids.extend(piece_ids)
-            bar.update(len(batch))
+        for chars, batch_ids in token_stream(texts, tokenizer):
+            ids.extend(batch_ids)
+            bar.update(chars)
             if needed is not None and len(ids) >= needed:
                 break
     finally:

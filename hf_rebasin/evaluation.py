@@ -19,14 +19,14 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .canonical import interpolate
-from .errors import OptionError
+from .errors import OptionError, UserError
 from .models import Loaded, build, fill
 
 
 @dataclass
 class EvalData:
     task: str  # "causal-lm" or "image-classification"
-    inputs: Tensor  # token windows (n, seq_len) or images (n, C, H, W)
+    inputs: Tensor  # token windows (n, seq_len) or images (n, C, H, W); training windows may be a TokenWindows
     labels: Tensor | None = None  # class labels for images
     info: dict | None = None
 
@@ -35,6 +35,7 @@ def load_eval_data(spec: str, template: Loaded, *, seq_len: int | None, max_toke
                    max_examples: int | None, text_field: str = "text", flag: str = "--data") -> EvalData:
     """Token windows (language models) or preprocessed images (timm) of a data spec, for the template."""
     from .data import load_token_windows, read_images
+    from .token_files import is_token_file, open_token_windows
     if template.task == "image-classification":
         cfg = template.backend.preprocessing(template.config)
         images, labels, info = read_images(spec, input_size=tuple(cfg["input_size"]), mean=tuple(cfg["mean"]),
@@ -43,6 +44,13 @@ def load_eval_data(spec: str, template: Loaded, *, seq_len: int | None, max_toke
     seq_len = seq_len or default_seq_len(template)
     check_seq_len(seq_len, template)
     cap = "--max-train-tokens" if flag == "--train-data" else "--max-eval-tokens"
+    if is_token_file(spec):  # training data stays memory-mapped; evaluation data is small and read at once
+        try:
+            tokenizer = template.backend.tokenizer(template.folder)
+        except UserError:  # a model without a tokenizer: the ids are still checked against its embedding
+            tokenizer = None
+        windows, info = open_token_windows(spec, seq_len, template.config.vocab_size, max_tokens, flag, tokenizer)
+        return EvalData("causal-lm", windows if flag == "--train-data" else windows[:], None, info)
     windows, info = load_token_windows(spec, template.backend.tokenizer(template.folder), seq_len, max_tokens,
                                        text_field=text_field, max_tokens_flag=cap)
     return EvalData("causal-lm", windows, None, info)

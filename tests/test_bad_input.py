@@ -414,7 +414,7 @@ def test_help_and_version(cli):
     assert outcome.code == 0 and outcome.err == ""
     text = " ".join(outcome.out.split())
     assert " ".join(DESCRIPTION.split()) in text and DESCRIPTION.endswith(".")
-    for command in ("inspect", "merge", "barrier", "eval", "push", "demo"):
+    for command in ("inspect", "merge", "barrier", "eval", "push", "demo", "tokenize"):
         assert re.search(rf"\b{command}\b", text), command
         sub = cli([command, "--help"])
         assert sub.code == 0 and sub.out.startswith("usage: hf-rebasin " + command), sub.err

@@ -235,8 +235,9 @@ def test_token_windows_on_real_text(bpe_tokenizer, stdlib_text):
 def test_chunked_tokenisation_matches_whole_document(bpe_tokenizer, stdlib_text, monkeypatch):
     text = stdlib_text[:60_000] + "\n\n  indented  \n\ntrailing spaces   \nlast"
     whole = bpe_tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-    monkeypatch.setattr(data, "_CHUNK_CHARS", 150)  # hundreds of pieces: the progress-bar path too
-    assert len(data._chunks(text, 150)) > data._PROGRESS_MIN_PIECES
+    monkeypatch.setattr(data, "_CHUNK_CHARS", 150)  # hundreds of pieces (several batches of them)
+    monkeypatch.setattr(data, "_PROGRESS_MIN_CHARS", 1000)  # the progress-bar path too
+    assert len(data._chunks(text, 150)) > 4 * data._BATCH_PIECES
     assert "".join(data._chunks(text, 150)) == text
     assert token_windows([text], bpe_tokenizer, 1).flatten().tolist() == whole
 

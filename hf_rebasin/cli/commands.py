@@ -171,9 +171,38 @@ def register_eval_and_push(subparsers) -> None:
     parser.set_defaults(func=run_push)
 
 
+def run_tokenize(args) -> int:
+    from .. import tokenize
+    record = tokenize(args.data, args.model, args.out, text_field=args.text_field, split=args.split,
+                      max_tokens=args.max_tokens, force=args.force)
+    print(f"wrote {args.out}: {record['tokens']:,} tokens ({record['dtype']}) of {args.data}, tokenizer of "
+          f"{args.model}; train on it with --train-data {args.out}")
+    return 0
+
+
+def register_tokenize(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "tokenize", help="tokenise training text into a token file that --train-data reads memory-mapped",
+        description="Tokenise DATA (any --data form; a datasets spec is read as a streaming split) with MODEL's "
+                    "tokenizer, under the same protocol as --data, into one flat .npy array of token ids (with "
+                    "FILE.npy.json saying what it holds). `merge --train-data FILE.npy` then reads its windows from "
+                    "disk as the batches need them, so large training sets never sit in memory.")
+    parser.add_argument("data", metavar="DATA",
+                        help="a .txt file or folder, .jsonl, or a datasets spec NAME[:CONFIG[:SPLIT]]")
+    parser.add_argument("--model", required=True, help="the model (Hub id or folder) whose tokenizer to use")
+    parser.add_argument("--out", required=True, help="the token file to write (FILE.npy)")
+    parser.add_argument("--text-field", default="text",
+                        help="text field of .jsonl / datasets rows (default %(default)s)")
+    parser.add_argument("--split", help="split of a datasets spec without one (default: train for local loaders, "
+                                        "test for Hub datasets, as for --data)")
+    parser.add_argument("--max-tokens", type=int, help="stop after this many tokens (default: all)")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out")
+    parser.set_defaults(func=run_tokenize)
+
+
 def register_run(subparsers) -> None:
     from .recipe_command import register
     register(subparsers)
 
 
-REGISTER = (register_inspect, register_merge, register_eval_and_push, register_run)
+REGISTER = (register_inspect, register_merge, register_eval_and_push, register_tokenize, register_run)
