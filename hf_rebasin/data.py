@@ -193,8 +193,7 @@ def _read_json_records(path: Path) -> list:
     return records
 
 
-def _texts_from_records(records: list, where: str, text_field: str) -> list[str]:
-    texts = []
+def _texts_from_records(records: Iterable, where: str, text_field: str) -> Iterator[str]:
     for number, record in enumerate(records, start=1):
         if not isinstance(record, dict):
             raise DataError(f"{where} record {number} is a {type(record).__name__}, not an object with a "
@@ -206,8 +205,7 @@ def _texts_from_records(records: list, where: str, text_field: str) -> list[str]
         if not isinstance(value, str):
             raise DataError(f"{where} record {number} field {text_field!r} is a {type(value).__name__}, not text; "
                             f"choose a text field with --text-field (fields: {sorted(record)})")
-        texts.append(value)
-    return texts
+        yield value
 
 
 def _texts_from_dataset(dataset, spec: str, text_field: str) -> list[str]:
@@ -229,7 +227,7 @@ def read_texts(spec: str, *, text_field: str = "text", split: str | None = None)
     path = Path(spec).expanduser()
     if path.is_file():
         if path.suffix.lower() in JSON_LINES_SUFFIXES:
-            texts = _texts_from_records(_read_json_records(path), str(path), text_field)
+            texts = list(_texts_from_records(_read_json_records(path), str(path), text_field))
         else:
             text = _decode_text_file(path)
             if text is None:
@@ -261,7 +259,7 @@ def iter_texts(spec: str, *, text_field: str = "text", split: str | None = None)
     found = False
     if path.is_file() and path.suffix.lower() in JSON_LINES_SUFFIXES and not (
             path.suffix == ".json" and path.read_text(errors="replace")[:4096].lstrip().startswith("[")):
-        documents = _jsonl_texts(path, text_field)
+        documents = _texts_from_records(_jsonl_records(path), str(path), text_field)
     elif path.is_dir() and not _is_saved_dataset(path):
         documents = (text for file in _visible_files(path) if (text := _decode_text_file(file)) is not None)
     elif path.is_file() or _looks_like_path(spec):
@@ -269,7 +267,7 @@ def iter_texts(spec: str, *, text_field: str = "text", split: str | None = None)
     else:
         dataset = (_load_saved_dataset(spec, path, split) if path.is_dir()
                    else _load_datasets_spec(spec, split, streaming=True))
-        documents = _dataset_texts(dataset, spec, text_field)
+        documents = _texts_from_records(dataset, f"dataset {spec!r}", text_field)
     for text in documents:
         if text and not text.isspace():
             found = True
@@ -278,29 +276,16 @@ def iter_texts(spec: str, *, text_field: str = "text", split: str | None = None)
         raise DataError(f"data spec {spec!r} contains no text; give a file or dataset with non-empty documents")
 
 
-def _jsonl_texts(path: Path, text_field: str) -> Iterator[str]:
+def _jsonl_records(path: Path) -> Iterator:
     with open(path, encoding="utf-8", errors="strict") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                yield json.loads(line)
             except json.JSONDecodeError as error:
                 raise DataError(f"{path} line {number} is not valid JSON ({error.msg}); a .jsonl file needs one JSON "
                                 f"object per line") from error
-            yield from _texts_from_records([record], f"{path} line {number}:", text_field)
-
-
-def _dataset_texts(dataset, spec: str, text_field: str) -> Iterator[str]:
-    for number, row in enumerate(dataset, start=1):
-        if text_field not in row:
-            raise DataError(f"dataset {spec!r} has no column {text_field!r}; its columns are {sorted(row)}. "
-                            f"Choose one with --text-field")
-        value = row[text_field]
-        if not isinstance(value, str):
-            raise DataError(f"dataset {spec!r} row {number} column {text_field!r} holds {type(value).__name__}, not "
-                            f"text; choose a text column with --text-field (columns: {sorted(row)})")
-        yield value
 
 
 # -------------------------------------------------------------------------------------------------------- tokens

@@ -46,6 +46,25 @@ def text_file(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def learned_pair(tiny_dirs, tmp_path_factory):
+    """(A, B, folder with heldout.txt and train.txt): two tiny random GPT-NeoX models for short dual runs."""
+    from hf_rebasin import tiny
+    root = tmp_path_factory.mktemp("learned_pair")
+    (root / "heldout.txt").write_text(corpus.heldout_text(12000))
+    (root / "train.txt").write_text(corpus.train_text(12000))
+    return tiny_dirs["gpt_neox"], tiny.make_tiny("gpt_neox", root / "b", seed=2), root
+
+
+def short_dual(pair, out, *extra) -> int:
+    """`hf-rebasin merge A B --method dual` for 4 steps on a learned_pair (exit code)."""
+    from hf_rebasin.cli import main
+    a, b, root = pair
+    return main(["merge", str(a), str(b), "--method", "dual", "--data", str(root / "heldout.txt"), "--seq-len", "32",
+                 "--max-eval-tokens", "2048", "--lambdas", "3", "--steps", "4", "--learn-batch-size", "8",
+                 "--eval-every", "0", "--out", str(out), *extra])
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """One tiny random checkpoint folder per supported variant (seed 1)."""

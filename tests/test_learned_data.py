@@ -5,26 +5,16 @@ from __future__ import annotations
 
 import json
 
-import corpus
 import pytest
-
-from hf_rebasin import tiny
-from hf_rebasin.cli import main
+from conftest import short_dual
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_dirs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("learned_data")
-    (root / "heldout.txt").write_text(corpus.heldout_text(12000))
-    (root / "train.txt").write_text(corpus.train_text(12000))
-    return tiny_dirs["gpt_neox"], tiny.make_tiny("gpt_neox", root / "b", seed=2), root
+def pair(learned_pair):
+    return learned_pair
 
 
-def dual(pair, out, *extra):
-    a, b, root = pair
-    return main(["merge", str(a), str(b), "--method", "dual", "--data", str(root / "heldout.txt"), "--seq-len", "32",
-                 "--max-eval-tokens", "2048", "--lambdas", "3", "--steps", "4", "--learn-batch-size", "8",
-                 "--eval-every", "0", "--out", str(out), *extra])
+dual = short_dual
 
 
 def test_training_on_the_evaluation_data_is_refused_by_content(pair, tmp_path, capsys):

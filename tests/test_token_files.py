@@ -11,6 +11,7 @@ import corpus
 import numpy as np
 import pytest
 import torch
+from conftest import short_dual
 from safetensors.torch import load_file
 
 from hf_rebasin import data, tokenize
@@ -100,19 +101,12 @@ def test_a_token_file_for_another_tokenizer_is_refused(tokenizer, jsonl, tmp_pat
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_dirs, tmp_path_factory):
-    from hf_rebasin import tiny
-    root = tmp_path_factory.mktemp("token_pair")
-    (root / "heldout.txt").write_text(corpus.heldout_text(12000))
-    (root / "train.txt").write_text(corpus.train_text(12000))
-    return tiny_dirs["gpt_neox"], tiny.make_tiny("gpt_neox", root / "b", seed=2), root
+def pair(learned_pair):
+    return learned_pair
 
 
 def dual(pair, out, train, *extra):
-    a, b, root = pair
-    return main(["merge", str(a), str(b), "--method", "dual", "--data", str(root / "heldout.txt"), "--seq-len", "32",
-                 "--max-eval-tokens", "2048", "--lambdas", "3", "--steps", "4", "--learn-batch-size", "8",
-                 "--eval-every", "0", "--train-data", str(train), "--out", str(out), *extra])
+    return short_dual(pair, out, "--train-data", str(train), *extra)
 
 
 def test_learning_on_a_token_file_follows_the_same_trajectory_as_on_the_text(pair, tmp_path, capsys):
