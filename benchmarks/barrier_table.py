@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/barrier_table.py [--pairs neox-shakespeare,gpt2-shakespeare,vit-digits]
                                                  [--methods raw,am,wm-perm,wm,lm,dual] [--json runs/barrier_table.json]
-                                                 [--learned-args "--steps 300 --lr 3e-3"]
+                                                 [--learned-args "--steps 300 --lr 3e-3"] [--seeds 11,12]
 
 Pairs come from benchmarks/pairs.py (trained once, cached under runs/pairs/).  Evaluation on the
 test split; activation matching uses the validation split, lm and dual train on the train split.  Prints a
@@ -44,9 +44,14 @@ def measure(models: list[str], options) -> tuple[dict, float]:
 
 
 def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int,
-             learned: list[str] = ()) -> list[dict]:
+             learned: list[str] = (), seeds: tuple[int, int] | None = None) -> list[dict]:
+    """Rows of one pair; with `seeds`, two further models of the pair's recipe trained from those seeds
+    (a fresh pair, e.g. to check defaults on models they were not tuned on) instead of the cached pair."""
     import pairs
     pair = pairs.get_pair(name)
+    if seeds is not None:
+        pair = {**pair, "model_a": pairs.extra_model(name, seeds[0]), "model_b": pairs.extra_model(name, seeds[1])}
+        name = f"{name} (seeds {seeds[0]}, {seeds[1]})"
     rows = []
     for method in methods:
         report, seconds = measure([pair["model_a"], pair["model_b"]],
@@ -130,12 +135,16 @@ def main() -> None:
     parser.add_argument("--three-way-methods", default="wm,dual")
     parser.add_argument("--narrow", default="", help="pairs to also merge with a narrower sibling (pairs.NARROW)")
     parser.add_argument("--narrow-methods", default="raw,wm,dual")
+    parser.add_argument("--seeds", help="A,B: instead of each cached pair, two models of its recipe trained from "
+                                            "these seeds (a fresh pair)")
     parser.add_argument("--learned-args", default="",
                         help="extra merge flags for lm/dual, e.g. '--steps 200 --lr 1e-2'")
     args = parser.parse_args()
     rows = []
     for name in filter(None, args.pairs.split(",")):
-        rows += run_pair(name, args.methods.split(","), args.seq_len, args.max_eval_tokens, args.learned_args.split())
+        seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
+        rows += run_pair(name, args.methods.split(","), args.seq_len, args.max_eval_tokens, args.learned_args.split(),
+                         seeds)
     for name in filter(None, args.three_way.split(",")):
         rows += run_three_way(name, args.three_way_methods.split(","), args.seq_len, args.max_eval_tokens,
                               args.learned_args.split())
