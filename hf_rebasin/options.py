@@ -20,6 +20,7 @@ from .errors import OptionError, UserError
 DEFAULT_LM_DATA = "wikitext:wikitext-103-raw-v1:test"
 DEFAULT_LAMBDAS = 11
 DEFAULT_ALPHA = 0.5
+DEFAULT_HOLDOUT = 32  # training examples held out to choose the returned learned parameters (at most)
 MAX_LATTICE_POINTS = 500  # evaluations of an N-way merge's simplex lattice
 LAMBDA_DISTRIBUTIONS = ("uniform", "narrow")
 DEFAULT_LAMBDA_DIST = {"lm": "narrow", "dual": "uniform"}  # Theus et al. / Li & Shen
@@ -113,6 +114,11 @@ class MergeOptions:
     eval_every: int = option(50, "steps between held-out midpoint-barrier estimates shown in the bar (0: off)",
                              group=LEARNED, low=0)
     eval_subset: int = option(32, "held-out examples (windows/images) for that estimate", group=LEARNED, low=0)
+    holdout: int | None = option(None, "training examples (windows/images, spread evenly over --train-data) kept out "
+                                 "of the optimisation: at the start, every --eval-every steps and at the end the "
+                                 "midpoint loss on them is measured and the best parameters are returned (0: the last "
+                                 f"step's; default min({DEFAULT_HOLDOUT}, an eighth of the training examples))",
+                                 group=LEARNED, low=0)
     checkpoint_every: int = option(0, "save a checkpoint every K steps (0: only on Ctrl-C)", group=LEARNED, low=0)
     checkpoint_dir: str = option("runs/learned", "checkpoint folder", group=LEARNED)
     resume: str | None = option(None, "resume from a checkpoint file (or the newest one in a folder)", group=LEARNED)

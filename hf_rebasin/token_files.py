@@ -10,6 +10,7 @@ train/eval overlap checks compare them with text-derived windows directly.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -54,6 +55,15 @@ class TokenWindows:
         if n < 1:
             raise DataError(f"{path} holds {len(array)} tokens, fewer than one window of --seq-len {seq_len}")
         self.path, self.array, self.seq_len, self.n = path, array, seq_len, n
+        self.rows: np.ndarray | None = None  # a selection of the file's windows (select()), else all n
+
+    def select(self, index) -> TokenWindows:
+        """The windows at `index` (a view: nothing is read)."""
+        chosen = copy.copy(self)
+        rows = np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index, dtype=np.int64).reshape(-1)
+        chosen.rows = rows if self.rows is None else self.rows[rows]
+        chosen.n = len(rows)
+        return chosen
 
     def __len__(self) -> int:
         return self.n
@@ -74,32 +84,37 @@ class TokenWindows:
             i = int(index) + (self.n if index < 0 else 0)
             if not 0 <= i < self.n:
                 raise IndexError(f"window {index} of {self.n}")
-            return self._block(i, i + 1)[0]
+            return self[np.array([i])][0]
         if isinstance(index, slice):
             start, stop, step = index.indices(self.n)
-            if step == 1:
+            if step == 1 and self.rows is None:
                 return self._block(start, max(start, stop))
             index = np.arange(start, stop, step)
         rows = np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index, dtype=np.int64).reshape(-1)
         if len(rows) and (rows.min() < -self.n or rows.max() >= self.n):
             raise IndexError(f"window index out of range for {self.n} windows")
         rows = rows % self.n
+        if self.rows is not None:
+            rows = self.rows[rows]
         positions = rows[:, None] * self.seq_len + np.arange(self.seq_len)
         return torch.from_numpy(np.asarray(self.array[positions], dtype=np.int64))
 
-    def __iter__(self):
+    def _chunks(self):
         for start in range(0, self.n, _READ_WINDOWS):
-            yield from self._block(start, min(self.n, start + _READ_WINDOWS))
+            yield self[start:min(self.n, start + _READ_WINDOWS)]
+
+    def __iter__(self):
+        for chunk in self._chunks():
+            yield from chunk
 
     def max_id(self) -> int:
-        return max(int(self.array[s:s + _READ_WINDOWS * self.seq_len].max())
-                   for s in range(0, self.numel(), _READ_WINDOWS * self.seq_len))
+        return max(int(chunk.max()) for chunk in self._chunks())
 
     def digest(self) -> str:
         """sha256 of the ids used (their int64 bytes, as a LongTensor of the same windows would give)."""
         h = hashlib.sha256()
-        for start in range(0, self.n, _READ_WINDOWS):
-            h.update(self._block(start, min(self.n, start + _READ_WINDOWS)).numpy().tobytes())
+        for chunk in self._chunks():
+            h.update(chunk.numpy().tobytes())
         return h.hexdigest()[:16]
 
 

@@ -103,7 +103,8 @@ def test_a_bf16_run_returns_exact_symmetries_and_reports_its_peak_memory(tiny_di
     b_dir = tiny.make_tiny("gpt_neox", tmp_path / "b", seed=5)
     graphs = [models.canonicalise(template), models.canonicalise(models.load(b_dir))]
     data = EvalData("causal-lm", torch.randint(0, 97, (32, 16), generator=torch.Generator().manual_seed(0)))
-    options = MergeOptions(method="dual", steps=3, lr=0.05, learn_batch_size=8, eval_every=0, learn_precision="bf16",
+    options = MergeOptions(method="dual", steps=3, lr=0.05, learn_batch_size=8, eval_every=0, holdout=0,
+                           learn_precision="bf16",
                            device="cpu", checkpoint_dir=str(tmp_path / "ckpt"))
     start = Alignment([symmetry.Transform.identity(g.spec) for g in graphs])
     result = learn(graphs, start, template, data, None, options, progress=False)

@@ -152,7 +152,7 @@ def test_learned_transforms_are_exact_symmetries(kind, method, init, tiny_dirs, 
     data = random_images() if tiny.is_image_model(kind) else random_windows()
     # a non-trivial start (instead of weight matching) makes the product and the plain init visible
     start = Alignment([symmetry.random_transform(a.spec, seed=7), symmetry.random_transform(b.spec, seed=8)])
-    settings = MergeOptions(method=method, init=init, steps=3, lr=0.05, learn_batch_size=8,
+    settings = MergeOptions(method=method, init=init, steps=3, lr=0.05, learn_batch_size=8, holdout=0,  # last step
                              eval_every=0, inv="polar" if init == "plain" else "direct",
                              orth="expm" if kind == "vit" else "cayley")
     result = learn_transforms(a, b, template, data, None, settings, progress=False, wm=start)
@@ -225,7 +225,7 @@ def test_n_way_learned_transforms_are_exact_symmetries(kind, method, tiny_dirs, 
     graphs = [first] + [graph_of(d)[1] for d in dirs[1:]]
     start = [symmetry.random_transform(g.spec, seed=10 + k) for k, g in enumerate(graphs)]
     data = random_images() if tiny.is_image_model(kind) else random_windows()
-    settings = MergeOptions(method=method, steps=3, lr=0.05, learn_batch_size=8, eval_every=0, inv="direct")
+    settings = MergeOptions(method=method, steps=3, lr=0.05, learn_batch_size=8, eval_every=0, inv="direct", holdout=0)
     result = learn(graphs, Alignment(start), template, data, None, settings, progress=False)
     transforms, log = result.transforms, result.log
     learned = [0, 1, 2] if method == "dual" else [1, 2]
@@ -440,3 +440,29 @@ def test_bad_input_is_refused_clearly(neox_pair, tmp_path, capsys):
         learn_transforms(a, b, template, data, None, MergeOptions(**{**base, "resume": str(tmp_path / "junk.pt")}),
                          progress=False, wm=start)
     assert hashlib.sha256(checkpoint.read_bytes()).hexdigest() == digest  # the checkpoint is untouched
+
+
+def test_held_out_training_examples_choose_the_returned_parameters(tiny_dirs, tmp_path):
+    from hf_rebasin.match.learned import split_holdout
+    template, a = graph_of(tiny_dirs["gpt_neox"])
+    _, b = graph_of(tiny.make_tiny("gpt_neox", tmp_path / "b", seed=5))
+    data = random_windows(64)
+    fit, held = split_holdout(data, 16)
+    assert len(fit.inputs) == 48 and len(held.inputs) == 16
+    rows = {tuple(x.tolist()) for x in data.inputs}
+    assert {tuple(x.tolist()) for x in fit.inputs} | {tuple(x.tolist()) for x in held.inputs} == rows
+    assert torch.equal(held.inputs[0], data.inputs[0]) and torch.equal(held.inputs[-1], data.inputs[-1])  # spread
+    # a rate high enough that some steps make the held-out midpoint worse
+    settings = MergeOptions(method="dual", steps=8, lr=0.1, learn_batch_size=8, eval_every=1, holdout=16)
+    result = learn_transforms(a, b, template, data, None, settings)
+    measured = [e for e in result.log if "holdout_midpoint_loss" in e and "step" in e]
+    assert [e["step"] for e in measured] == list(range(9))
+    chosen = result.log[-1]
+    best = min(measured, key=lambda e: e["holdout_midpoint_loss"])
+    assert chosen["selected_step"] == best["step"] and chosen["holdout_midpoint_loss"] == best["holdout_midpoint_loss"]
+    assert best["step"] != measured[-1]["step"]  # the selection changed the result: not simply the last step
+    merged = interpolate([apply(a, result.transform_a), apply(b, result.transform_b)], [0.5, 0.5])
+    assert evaluate(models.instantiate(merged, template), held)["loss"] == pytest.approx(best["holdout_midpoint_loss"],
+                                                                                        abs=1e-4)
+    with pytest.raises(UserError, match="--holdout 64"):
+        learn_transforms(a, b, template, data, None, MergeOptions(method="dual", steps=2, holdout=64))

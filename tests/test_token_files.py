@@ -69,6 +69,10 @@ def test_token_windows_index_like_the_tensor(tokenizer, jsonl, tmp_path):
     assert torch.equal(windows[2:40:3], tensor[2:40:3]) and torch.equal(windows[10:4], tensor[10:4])
     assert torch.equal(torch.stack(list(windows)), tensor)
     assert windows.digest() == hashlib.sha256(tensor.numpy().tobytes()).hexdigest()[:16]
+    chosen = windows.select(torch.tensor([7, 2, 9, 4]))  # a view, as the held-out split makes it
+    assert len(chosen) == 4 and torch.equal(chosen[:], tensor[[7, 2, 9, 4]]) and torch.equal(chosen[-1], tensor[4])
+    assert torch.equal(chosen[torch.tensor([3, 0])], tensor[[4, 7]]) and torch.equal(torch.stack(list(chosen)),
+                                                                                     tensor[[7, 2, 9, 4]])
     with pytest.raises(IndexError):
         windows[len(tensor)]
 

@@ -45,7 +45,7 @@ from ..symmetry import apply, compose
 from .params import SymmetryParams, relative_continuous
 
 LEARNED_SETTINGS = ("method", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
-                    "lambda_dist", "learn_seed", "eval_every", "eval_subset", "checkpoint_every",
+                    "lambda_dist", "learn_seed", "eval_every", "eval_subset", "holdout", "checkpoint_every",
                     "checkpoint_dir", "resume", "learn_precision", "device")
 
 
@@ -54,7 +54,8 @@ def trajectory_settings(options) -> dict:
     return {"method": options.method, "steps": options.steps, "lr": options.lr, "batch_size": options.learn_batch_size,
             "init": options.init, "orth": options.orth, "inv": options.inv,
             "seed": options.learn_seed, "precision": options.learn_precision,
-            "lambda_dist": options.learned_lambda_dist(), "warmup": options.warmup_steps()}
+            "lambda_dist": options.learned_lambda_dist(), "warmup": options.warmup_steps(),
+            "holdout": options.holdout, "eval_every": options.eval_every}
 
 
 # --- the loss on the path ------------------------------------------------------------------------
@@ -238,6 +239,7 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
     fingerprint = {"models": [digest_tensors(g.params) for g in graphs], "train_data": digest_data(train),
                    "settings": trajectory_settings(options)}
     resume_state = load_checkpoint(options.resume, fingerprint) if options.resume else None
+    train, holdout = split_holdout(train, options.holdout)
 
     frames, starts = starting_frames(graphs, start.transforms, options)
     learned = range(n) if method == "dual" else range(1, n)
@@ -251,7 +253,7 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
         torch.cuda.reset_peak_memory_stats(device)
     path_loss = PathLoss(frames, ends, template, train.task, autocast_dtype(options, device)).to_device(device)
     log = train_transforms(path_loss, accelerator, train, eval_data, options, fingerprint=fingerprint,
-                           resume_state=resume_state, progress=progress, on_step=on_step)
+                           resume_state=resume_state, progress=progress, on_step=on_step, holdout=holdout)
 
     transforms = []
     for k, graph in enumerate(graphs):
@@ -271,6 +273,29 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
         accelerator.end_training()
     wm_log = [{"stage": "wm", **entry} for entry in start.log]
     return Alignment(transforms, wm_log + log, settings)
+
+
+def split_holdout(data, n: int | None):
+    """(the examples trained on, the `n` held out for choosing the returned parameters: spread evenly over the
+    data, so that sorted data (an ImageFolder's classes, a text's sections) is covered), or (data, None).
+    n = None: min(DEFAULT_HOLDOUT, an eighth of the examples)."""
+    from ..evaluation import EvalData
+    from ..options import DEFAULT_HOLDOUT
+    total = len(data.inputs)
+    n = min(DEFAULT_HOLDOUT, total // 8) if n is None else n
+    if n == 0:
+        return data, None
+    if n >= total:
+        raise OptionError(f"--holdout {n} keeps every one of the {total} training examples out of the optimisation; "
+                          "lower --holdout (0 turns the selection off) or give more --train-data")
+    held = torch.linspace(0, total - 1, n).round().long().unique()
+    kept = torch.ones(total, dtype=torch.bool)
+    kept[held] = False
+    fit = torch.nonzero(kept).flatten()
+    inputs = data.inputs[fit] if isinstance(data.inputs, Tensor) else data.inputs.select(fit)  # TokenWindows
+    labels = data.labels
+    return (EvalData(data.task, inputs, None if labels is None else labels[fit], data.info),
+            EvalData(data.task, data.inputs[held], None if labels is None else labels[held], data.info))
 
 
 def peak_memory(device: torch.device) -> dict:

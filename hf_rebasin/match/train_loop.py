@@ -215,17 +215,19 @@ def _subset(data, n: int):
 # --- the loop ------------------------------------------------------------------------------------
 
 def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint: dict, resume_state: dict | None,
-                     progress: bool = True, on_step=None) -> list[dict]:
-    """Train path_loss's parameters for s.steps steps (s: MergeOptions); returns the log (list of dicts)."""
+                     progress: bool = True, on_step=None, holdout=None) -> list[dict]:
+    """Train path_loss's parameters for s.steps steps (s: MergeOptions); returns the log (list of dicts).
+    With `holdout` (training examples never trained on), path_loss ends with the parameters whose midpoint loss
+    on them was lowest among the start, every s.eval_every steps and the last step."""
     device, main = accelerator.device, accelerator.is_main_process
     rank, world = accelerator.process_index, accelerator.num_processes
     params = [p for p in path_loss.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
-    start, log = 0, []
+    start, log, best = 0, [], None
     if resume_state is not None:
         path_loss.load_state_dict(resume_state["params"])
         optimizer.load_state_dict(resume_state["optimizer"])
-        start, log = int(resume_state["step"]), list(resume_state["log"])
+        start, log, best = int(resume_state["step"]), list(resume_state["log"]), resume_state.get("best")
     with warnings.catch_warnings():  # torch deprecates broadcast_buffers; accelerate has no other way to say it
         warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
         model = accelerator.prepare_model(path_loss)
@@ -241,10 +243,23 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
 
     def state(step: int) -> dict:
         return {"format": CHECKPOINT_FORMAT, "step": step, "params": path_loss.state_dict(),
-                "optimizer": optimizer.state_dict(), "log": log, "fingerprint": fingerprint}
+                "optimizer": optimizer.state_dict(), "log": log, "fingerprint": fingerprint, "best": best}
+
+    def select(step: int) -> None:
+        """Keep the parameters if their midpoint loss on the held-out training examples is the lowest so far."""
+        nonlocal best
+        if holdout is None or not main:
+            return
+        loss = path_loss_at(path_loss, holdout, path_loss.centre, s.batch_size, device)
+        log.append({"step": step, "holdout_midpoint_loss": loss})
+        if best is None or loss < best["loss"]:
+            best = {"step": step, "loss": loss,
+                    "params": {k: v.detach().clone() for k, v in path_loss.state_dict().items()}}
+        postfix["best"] = f"{best['loss']:.4f}@{best['step']}"
 
     def estimate(step: int) -> None:
         nonlocal ends
+        select(step)
         if held_out is None or not main:
             return
         if ends is None:  # the endpoints are exact symmetries of the models: their losses never change
@@ -306,4 +321,7 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
                 accelerator.wait_for_everyone()
                 raise KeyboardInterrupt
     bar.close()
+    if best is not None:
+        path_loss.load_state_dict(best["params"])
+        log.append({"selected_step": best["step"], "holdout_midpoint_loss": best["loss"]})
     return log
