@@ -11,7 +11,9 @@ with the endpoints frozen.  ``lm`` learns every model's element but the first (m
 reference); ``dual`` learns all.  With the default ``--init absorbed`` the weight-matching transforms are
 applied to the graphs first and the learned elements start at the identity; the transform returned is
 the product compose(wm, learned), so applying it to the ORIGINAL graph gives the learned point.
-``--init plain`` (two models) starts the parameters at the weight-matching values instead.
+``--init plain`` (two models) starts the parameters at the weight-matching values instead.  The parameters
+returned are those with the lowest midpoint loss on ``--holdout`` training examples kept out of the
+optimisation (measured at the start, every ``--eval-every`` steps and at the end; train_loop.py).
 
 The loss is computed inside the forward: the transformed, interpolated canonical graph is exported with
 the adapter's ``from_canonical`` (plain tensor ops) and run through one module instance (its own weights
