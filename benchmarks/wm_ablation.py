@@ -18,6 +18,10 @@ matching function swapped):
                 scaled by sqrt(w_t), so the Procrustes weighs its overlap by w_t, with w normalised to mean 1 over
                 the seen tokens: seen (1 if seen, else 0), log (log(1 + count)), sqrt (sqrt(count)).
                 Language-model pairs only.
+* fit-g         wm, then the residual scale g of B (which wm leaves at 1) fitted in closed form: the g that
+                minimises sum ||A_w - g B'_w||^2 over the residual-writing tensors of the aligned models
+                (g = <A_w, B'_w> / ||B'_w||^2).  Only where g is exact (not the ViT: timm fixes the norm eps).
+* norm-g        the same, with g matching the magnitudes instead: g = ||A_w|| / ||B'_w||.
 
 Prints one line per (pair, variant) and a Markdown table (barrier, and as % of the raw barrier).
 """
@@ -37,7 +41,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from hf_rebasin.canonical import LazyGraph  # noqa: E402
 from hf_rebasin.match import weight  # noqa: E402
 
-VARIANTS = ("wm", "perm", "no-head-maps", "1-round", "no-positions", "tokens-seen", "tokens-log", "tokens-sqrt")
+VARIANTS = ("wm", "perm", "no-head-maps", "1-round", "no-positions", "tokens-seen", "tokens-log", "tokens-sqrt",
+            "fit-g", "norm-g")
 POSITIONS = ("embed.pos", "embed.cls", "embed.reg")
 
 
@@ -73,6 +78,25 @@ class Weighted(LazyGraph):
         return self.graph.layer(i)
 
 
+def with_fitted_scale(match, norms: bool = False):
+    """`match`, then B's residual scale set to the least-squares g between the aligned models' writes (with
+    `norms`, the ratio of their norms)."""
+    from hf_rebasin.canonical import residual_role
+    from hf_rebasin.symmetry import apply
+
+    def run(a, b, **kw):
+        result = match(a, b, **kw)
+        pa, pb = apply(a, result.transforms[0]), apply(b, result.transforms[1])
+        parts = [(pa.outside(), pb.outside())] + [(pa.layer(i), pb.layer(i)) for i in range(a.spec.n_layers)]
+        writes = [(x[k].double(), y[k].double()) for x, y in parts for k in x if residual_role(k) == "write"]
+        num, den = sum(float((x * y).sum()) for x, y in writes), sum(float(y.square().sum()) for _, y in writes)
+        g = (sum(float(x.square().sum()) for x, _ in writes) / den) ** 0.5 if norms else num / den
+        result.transforms[1].scale = float(result.transforms[1].scale) * g
+        result.settings["fitted_g"] = g
+        return result
+    return run
+
+
 def matcher(variant: str, pair: dict):
     """The weight-matching function of a variant (same signature as weight.weight_matching)."""
     plain = weight.weight_matching
@@ -84,6 +108,8 @@ def matcher(variant: str, pair: dict):
         return lambda a, b, **kw: plain(a, b, **{**kw, "head_maps": False})
     if variant == "1-round":
         return lambda a, b, **kw: plain(a, b, **{**kw, "max_rounds": 1})
+    if variant in ("fit-g", "norm-g"):
+        return with_fitted_scale(plain, norms=variant == "norm-g")
     if variant == "no-positions":
         return lambda a, b, **kw: plain(Weighted(a, dropped=POSITIONS), Weighted(b, dropped=POSITIONS), **kw)
     rows = token_weights(pair, variant.removeprefix("tokens-"))
@@ -108,7 +134,7 @@ def main() -> None:
         models = [pair["model_a"], pair["model_b"]]
         raw, _ = measure(models, barrier_options(pair, "raw", None, args.max_eval_tokens, []))
         for variant in args.variants.split(","):
-            if variant.startswith("tokens-") and pair["task"] != "causal-lm":
+            if (variant.startswith("tokens-") or variant.endswith("-g")) and pair["task"] != "causal-lm":
                 continue
             plain = weight.weight_matching
             weight.weight_matching = matcher(variant, pair)  # the wm method looks it up when it runs
@@ -117,7 +143,8 @@ def main() -> None:
             finally:
                 weight.weight_matching = plain
             row = {"pair": name, "variant": variant, "barrier": report["barrier"], "raw": raw["barrier"],
-                   "midpoint_loss": report["loss"][report["lambdas"].index(0.5)], "seconds": seconds}
+                   "midpoint_loss": report["loss"][report["lambdas"].index(0.5)], "seconds": seconds,
+                   "fitted_g": report["settings"].get("fitted_g")}
             rows.append(row)
             print(json.dumps(row), flush=True)
     print("\n| pair | variant | barrier | % of raw | loss at λ = 0.5 |\n|---|---|---|---|---|")
