@@ -38,19 +38,14 @@ def tokenize(data, model, out, *, text_field: str = "text", split: str | None = 
              force: bool = False, progress: bool = True) -> dict:
     """Tokenise a text spec (as --data takes it) with the model's tokenizer into a token file `out` (.npy, read
     memory-mapped by --train-data); a datasets spec is read as a streaming split.  Returns what the file holds."""
-    from transformers import AutoTokenizer
-
+    from .backends import BACKENDS
     from .errors import UserError
     from .token_files import metadata_path, write_token_file
     if max_tokens is not None and max_tokens < 1:
         raise UserError(f"--max-tokens must be at least 1, got {max_tokens}")
     if Path(out).expanduser().exists() and not force:
         raise UserError(f"{out} exists; pass force=True (--force) to replace it")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model))
-    except Exception as error:  # noqa: BLE001 - a missing or broken tokenizer is one user problem
-        raise UserError(f"{model} has no loadable tokenizer ({type(error).__name__}: {' '.join(str(error).split())})"
-                        ) from error
+    tokenizer = BACKENDS["transformers"].tokenizer(str(model))
     record = write_token_file(str(data), tokenizer, out, text_field=text_field, split=split, max_tokens=max_tokens,
                               tokenizer_name=str(model), progress=progress)
     return {**record, "file": str(out), "metadata": str(metadata_path(out))}

@@ -147,8 +147,9 @@ class TransformersBackend(Backend):
         try:
             return AutoTokenizer.from_pretrained(source)
         except Exception as error:  # noqa: BLE001
-            raise UserError(f"{source} has no loadable tokenizer ({type(error).__name__}: {error}); "
-                            "the barrier needs one to tokenise --data") from error
+            reason = " ".join(str(error).split())
+            raise UserError(f"{source} has no loadable tokenizer ({type(error).__name__}: {reason}); one is needed "
+                            "to tokenise text (--data, --train-data, tokenize)") from error
 
     def differences(self, a, b):
         values = [(key, getattr(a.config, key, None), getattr(b.config, key, None))

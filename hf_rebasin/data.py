@@ -257,8 +257,7 @@ def iter_texts(spec: str, *, text_field: str = "text", split: str | None = None)
     spec = str(spec)
     path = Path(spec).expanduser()
     found = False
-    if path.is_file() and path.suffix.lower() in JSON_LINES_SUFFIXES and not (
-            path.suffix == ".json" and path.read_text(errors="replace")[:4096].lstrip().startswith("[")):
+    if path.is_file() and path.suffix.lower() in JSON_LINES_SUFFIXES and not _is_json_array(path):
         documents = _texts_from_records(_jsonl_records(path), str(path), text_field)
     elif path.is_dir() and not _is_saved_dataset(path):
         documents = (text for file in _visible_files(path) if (text := _decode_text_file(file)) is not None)
@@ -274,6 +273,14 @@ def iter_texts(spec: str, *, text_field: str = "text", split: str | None = None)
             yield text
     if not found:
         raise DataError(f"data spec {spec!r} contains no text; give a file or dataset with non-empty documents")
+
+
+def _is_json_array(path: Path) -> bool:
+    """A .json file holding one JSON array (read whole), not JSON lines: judged from its first 4 KiB."""
+    if path.suffix != ".json":
+        return False
+    with open(path, "rb") as head:
+        return head.read(4096).lstrip().startswith(b"[")
 
 
 def _jsonl_records(path: Path) -> Iterator:

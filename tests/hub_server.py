@@ -358,7 +358,7 @@ def write_merge_output(out_dir: str | Path, **overrides) -> dict:
         "architecture": "GPTNeoXForCausalLM", "task": "causal-lm", "alpha": 0.5, "lambdas": lambdas,
         "loss": loss, "perplexity": [math.exp(v) for v in loss], "endpoint_loss": [end_a, end_b],
         "merged_loss": loss[5], "barrier": excess[worst], "barrier_lambda": lambdas[worst],
-        "data": {"spec": "text:../shared/data/tinyshakespeare.txt", "tokens": 16384, "seq_len": 128},
+        "data": {"spec": "text:heldout.txt", "tokens": 16384, "seq_len": 128},
         "settings": {"rounds": 5, "seed": 0},
         "timings": {"load_s": 0.4, "match_s": 1.5, "barrier_s": 6.2, "export_s": 0.3},
         "versions": {"hf_rebasin": "0.1.0", "torch": "2.14.1", "transformers": "5.24.0", "timm": "1.0.31"},

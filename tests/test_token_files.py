@@ -38,9 +38,12 @@ def jsonl(documents, tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("form", ["jsonl", "folder", "datasets-json"])
+@pytest.mark.parametrize("form", ["jsonl", "json-array", "folder", "datasets-json"])
 def test_a_token_file_holds_the_windows_of_the_text(form, tokenizer, documents, jsonl, tmp_path):
-    if form == "folder":
+    if form == "json-array":
+        spec = tmp_path / "docs.json"
+        spec.write_text(json.dumps([{"text": d} for d in documents]))
+    elif form == "folder":
         spec = tmp_path / "texts"
         spec.mkdir()
         for i, d in enumerate(documents):

@@ -86,7 +86,6 @@ class PathLoss(nn.Module):
         self.template, self.task, self.autocast_dtype = template, task, autocast_dtype
         self.__dict__["model"] = strip_parameters(instantiate(graphs[0], template))  # not a submodule
         self.__dict__["norms"] = template.adapter.norm_modules(self.model) if graphs[0].spec.scale_exact else []
-        self.first_key = next(iter(self.graphs["0"].params))
         n = len(graphs)
         self.n_models = n
         self.vertices = [tuple(1.0 if j == i else 0.0 for j in range(n)) for i in range(n)]
@@ -117,7 +116,7 @@ class PathLoss(nn.Module):
     def end_graphs(self, graphs: dict[str, Graph]) -> list[Graph]:
         # the group elements themselves are computed in fp32 even under autocast; only their action on the
         # (bf16) weights runs in the autocast dtype
-        device_type = next(iter(graphs.values())).params[self.first_key].device.type
+        device_type = next(iter(graphs["0"].params.values())).device.type
         with torch.autocast(device_type, enabled=False) if self.autocast_dtype else _nothing():
             elements = {k: end._continuous() for k, end in self.ends.items()}
             if self.relative:
