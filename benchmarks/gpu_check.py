@@ -109,6 +109,7 @@ def check(name: str, work: Path, args) -> dict:
 
     options = MergeOptions(method="dual", steps=args.steps, learn_batch_size=args.batch, eval_every=0,
                            learn_precision=args.precision, device=args.device,
+                           gradient_checkpointing=args.gradient_checkpointing,
                            checkpoint_dir=str(work / "checkpoints"))
     stamps: list[float] = []
     start = Alignment([Transform.identity(g.spec) for g in graphs])
@@ -124,7 +125,8 @@ def check(name: str, work: Path, args) -> dict:
     tokens_per_s = args.batch * args.seq / dual_s
     return {"config": f"pythia-{name}", "params": sum(v.numel() for v in graphs[0].params.values()),
             "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",
-            "precision": args.precision, "batch": args.batch, "seq": args.seq, "steps": args.steps,
+            "precision": args.precision + (" + checkpointing" if args.gradient_checkpointing else ""),
+            "batch": args.batch, "seq": args.seq, "steps": args.steps,
             "plain_step_s": plain_s, "dual_step_s": dual_s, "ratio": dual_s / plain_s,
             "tokens_per_s": tokens_per_s, "learn_wall_s": learn_s,
             "peak_gib_dual": result.settings["peak_memory"]["GiB"], "peak_gib_plain": plain_peak,
@@ -143,6 +145,8 @@ def main() -> int:
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--budget-steps", type=int, default=20_000)
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="the layer-by-layer loss with layers recomputed in the backward (merge's flag)")
     parser.add_argument("--work", help="folder for the checkpoints (default: a temporary one)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()

@@ -4,7 +4,8 @@ stored in fp16 as the Hub's are, merged by the command line.
     .venv/bin/python benchmarks/merge_size.py --configs 14m,70m,160m,410m,1b,6.9b [--work runs/size]
 
 For each config: the two checkpoints are written shard by shard (no script ever holds a whole model; cached
-under --work), then `hf-rebasin merge A B --method wm --rounds 2 --lambdas 3 --max-eval-tokens 2048` runs in a
+under --work), then `hf-rebasin merge A B --method wm --rounds 2 --lambdas 3 --max-eval-tokens 2048` (--method
+raw: no matching, the path and export alone) runs in a
 subprocess whose memory is sampled every 0.2 s from /proc (the whole process tree: peak RSS, and peak RssAnon,
 which leaves out the memory-mapped source pages the kernel can drop).  Evaluation text: the end of
 ../shared/data/tinyshakespeare.txt with the GPT-2 tokenizer (Pythia's vocabulary is larger, so every id fits).
@@ -138,17 +139,17 @@ def measure(command: list[str], log: Path) -> dict:
     return {"wall_s": time.perf_counter() - start, "peak_rss": peaks["rss"], "peak_anon": peaks["anon"]}
 
 
-def run_one(name: str, work: Path, rounds: int, lambdas: int, max_eval_tokens: int) -> dict:
+def run_one(name: str, work: Path, rounds: int, lambdas: int, max_eval_tokens: int, method: str = "wm") -> dict:
     a = make_checkpoint(name, 0, work / f"pythia-{name}-a")
     b = make_checkpoint(name, 1, work / f"pythia-{name}-b")
     data = work / "heldout.txt"
     if not data.is_file():
         data.write_text((SHARED / "tinyshakespeare.txt").read_text()[-100_000:])
-    out = work / f"merged-{name}"
-    command = [str(REPO / ".venv" / "bin" / "hf-rebasin"), "merge", str(a), str(b), "--method", "wm", "--rounds",
+    out = work / f"merged-{name}-{method}"
+    command = [str(REPO / ".venv" / "bin" / "hf-rebasin"), "merge", str(a), str(b), "--method", method, "--rounds",
                str(rounds), "--lambdas", str(lambdas), "--max-eval-tokens", str(max_eval_tokens), "--data", str(data),
                "--out", str(out), "--force"]
-    row = {"config": name, **measure(command, work / f"merge-{name}.log")}
+    row = {"config": name, "method": method, **measure(command, work / f"merge-{name}-{method}.log")}
     report = json.loads((out / "barrier.json").read_text())
     row["params"] = sum(math.prod(shape) for shape, _ in CheckpointFiles(a).shapes.values())
     rounds_s = [e["seconds"] for e in report["match_log"] if "seconds" in e]
@@ -160,13 +161,15 @@ def run_one(name: str, work: Path, rounds: int, lambdas: int, max_eval_tokens: i
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| config | params | source (fp16) | export | wall | load s | match s | s/round | s/round per 100M params "
-             "| barrier s | export s | peak RSS GiB | B/param | peak RssAnon GiB |", "|" + "---|" * 14]
+    lines = ["| config | method | params | source (fp16) | export | wall | load s | match s | s/round "
+             "| s/round per 100M params | barrier s | export s | peak RSS GiB | B/param | peak RssAnon GiB |",
+             "|" + "---|" * 15]
     for r in rows:
         per_round = sum(r["round_s"]) / max(1, len(r["round_s"]))
         t = r["timings"]
         lines.append(
-            f"| pythia-{r['config']} | {r['params'] / 1e6:.0f}M | {r['source_bytes'] / 2**30:.2f} GiB | "
+            f"| pythia-{r['config']} | {r.get('method', 'wm')} | {r['params'] / 1e6:.0f}M | "
+            f"{r['source_bytes'] / 2**30:.2f} GiB | "
             f"{r['export_bytes'] / 2**30:.2f} GiB {r['export_dtype']} | {r['wall_s'] / 60:.1f} min | "
             f"{t['load_s']:.0f} | {t['match_s']:.0f} | {per_round:.1f} | {per_round / r['params'] * 1e8:.2f} | "
             f"{t['barrier_s']:.0f} | {t.get('export_s', 0):.0f} | {r['peak_rss'] / 2**30:.2f} | "
@@ -181,12 +184,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--lambdas", type=int, default=3)
     parser.add_argument("--max-eval-tokens", type=int, default=2048)
+    parser.add_argument("--method", default="wm", help="wm (the issue's command) or raw (no matching: the path "
+                        "evaluation and export alone)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in args.configs.split(","):
-        rows.append(run_one(name, args.work, args.rounds, args.lambdas, args.max_eval_tokens))
+        rows.append(run_one(name, args.work, args.rounds, args.lambdas, args.max_eval_tokens, args.method))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))

@@ -5,8 +5,9 @@
 Writes a random-init GPT-NeoX checkpoint pair with the config's exact layer shapes (hidden, heads, FFN) but
 only --layers layers and a 1024-token vocabulary (fp16, as the Hub's), runs one round of weight matching on
 it through the library (streamed from the files, as a merge does) under cProfile, and prints the seconds per
-layer with the functions that took them.  The per-layer cost times the real layer count is the cost of a
-round of the real model (the embeddings add one d x d product per vocabulary row: small next to a layer).
+layer with the functions that took them, and the peak memory of the process.  The per-layer cost times the
+real layer count is the cost of a round of the real model (the embeddings add one d x d product per
+vocabulary row: small next to a layer).
 """
 from __future__ import annotations
 
@@ -42,6 +43,12 @@ def write_pair(name: str, layers: int, folder: Path) -> list[Path]:
     return paths
 
 
+def peak_anon() -> int:
+    """Peak RSS of this process (the layer-only checkpoints are small: nearly all of it is anonymous memory)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="1b", choices=list(PYTHIA))
@@ -70,7 +77,7 @@ def main() -> None:
     print(f"pythia-{args.config} layer shapes (d={hidden}, heads={heads}, FFN={ffn}), {args.layers} layers, "
           f"solver {linalg.SOLVER}: round {round_s:.1f} s = {round_s / args.layers:.1f} s per layer "
           f"(whole call {seconds:.1f} s); a round of the real {layers}-layer model ~ "
-          f"{round_s / args.layers * layers / 60:.1f} min")
+          f"{round_s / args.layers * layers / 60:.1f} min; peak anonymous memory {peak_anon() / 2**30:.2f} GiB")
     stats = pstats.Stats(profile)
     stats.sort_stats("tottime").print_stats(args.top)
 

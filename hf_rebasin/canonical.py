@@ -124,16 +124,24 @@ class InterpolatedGraph(LazyGraph):
         self.norm_eps = float(sum(w * g.norm_eps for g, w in zip(graphs, self.weights)))
         self.meta = dict(getattr(graphs[0], "meta", {}) or {})
 
-    def _mix(self, parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    def _mix(self, parts: list[dict[str, Tensor]], weights: list[float]) -> dict[str, Tensor]:
         if any(p.keys() != parts[0].keys() for p in parts[1:]):
             raise ValueError("cannot interpolate canonical graphs of different structure")
-        return {k: sum(w * p[k] for p, w in zip(parts, self.weights)) for k in parts[0]}
+        return {k: sum(w * p[k] for p, w in zip(parts, weights)) for k in parts[0]}
+
+    def _used(self):
+        """The graphs with a nonzero weight: one of weight 0 adds exactly nothing (the weights are finite, and
+        so is every model: sources are checked), so it is not even read (an endpoint reads one model)."""
+        used = [(g, w) for g, w in zip(self.graphs, self.weights) if w != 0.0] or list(zip(self.graphs, self.weights))
+        return [g for g, _ in used], [w for _, w in used]
 
     def outside(self) -> dict[str, Tensor]:
-        return self._mix([g.outside() for g in self.graphs])
+        graphs, weights = self._used()
+        return self._mix([g.outside() for g in graphs], weights)
 
     def layer(self, i: int) -> dict[str, Tensor]:
-        return self._mix([g.layer(i) for g in self.graphs])
+        graphs, weights = self._used()
+        return self._mix([g.layer(i) for g in graphs], weights)
 
 
 def layer_key(i: int, name: str) -> str:

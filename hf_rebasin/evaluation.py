@@ -109,16 +109,49 @@ def lambda_grid(points: int) -> list[float]:
     return [k / (points - 1) for k in range(points)]
 
 
+STREAMED_EVAL_BYTES = 2**30  # a merged model larger than this in fp32 is evaluated layer by layer
+
+
 def evaluate_points(graphs: list, weights: list[tuple[float, ...]], template: Loaded, data: EvalData,
                     batch_size: int = 8, device: str = "cpu", progress: bool = True,
-                    desc: str = "barrier") -> list[dict]:
+                    desc: str = "barrier", streamed: bool | None = None) -> list[dict]:
     """Metrics of the merged model sum_i w_i graph_i at every weight vector.  One model is built (on the meta
-    device) and refilled, part by part, for every point: one model in memory, never a copy per point."""
+    device) and refilled, part by part, for every point: one model in memory, never a copy per point.
+    Streamed (default: above STREAMED_EVAL_BYTES in fp32): only the tensors outside the layers are filled; each
+    decoder layer computes its weights from the graphs when the forward reaches it (layerwise.py), so one layer
+    of the merged model is in memory at a time."""
+    from .sources import canonical_bytes
+    if streamed is None:
+        streamed = canonical_bytes(graphs[0]) > STREAMED_EVAL_BYTES
+    if streamed:
+        return _evaluate_streamed(graphs, weights, template, data, batch_size, device, progress, desc)
     results, model = [], None
     for w in tqdm(weights, desc=desc, disable=not progress, leave=False):
         point = interpolate(graphs, list(w))
         model = fill(model if model is not None else build(point, template), point, template)
         results.append(evaluate(model, data, batch_size, device))
+    return results
+
+
+def _evaluate_streamed(graphs, weights, template, data, batch_size, device, progress, desc) -> list[dict]:
+    from types import SimpleNamespace
+
+    from .layerwise import GraphLayer, norm_modules, swap_layers
+    from .models import own_tensors
+    adapter, spec = template.adapter, graphs[0].spec
+    holder = SimpleNamespace(graph=None)
+    model = build(interpolate(graphs, list(weights[0])), template).eval()
+    layers = swap_layers(model, adapter, spec.n_layers,
+                         lambda i, block, prefix: GraphLayer(i, block, prefix, holder, template))
+    norms = norm_modules(adapter, model, layers) if spec.scale_exact else []
+    results = []
+    for w in tqdm(weights, desc=desc, disable=not progress, leave=False):
+        holder.graph = point = interpolate(graphs, list(w))
+        outside = adapter.outside_from_canonical(point.outside(), template.config, spec)
+        model.load_state_dict(own_tensors(outside), strict=False, assign=True)
+        for module, attr in norms:
+            setattr(module, attr, point.norm_eps)
+        results.append(evaluate(model.eval(), data, batch_size, device))
     return results
 
 

@@ -128,6 +128,13 @@ class MergeOptions:
                                   "CUDA, fp32 on CPU",
                                   group=LEARNED, choices=("auto", "bf16", "fp32"))
 
+    gradient_checkpointing: bool = option(False, "recompute each layer's transformed weights and activations in the "
+                                          "backward instead of keeping them (less memory, about one more forward "
+                                          "per step); runs the loss layer by layer", group=LEARNED)
+    fsdp: bool = option(False, "shard the frozen endpoints over the processes of an `accelerate launch` run (torch "
+                        "FSDP2 fully_shard: each process stores 1/N of them and gathers a layer just before it runs); "
+                        "the symmetry parameters stay whole on every process", group=LEARNED)
+
     # --- derived values ------------------------------------------------------------------------------
     def lambda_points(self) -> int:
         return DEFAULT_LAMBDAS if self.lambdas is None else self.lambdas
@@ -157,8 +164,12 @@ class MergeOptions:
         return parse_size(self.max_shard_size)
 
     # --- checks --------------------------------------------------------------------------------------
-    def check(self, n_models: int = 2, num_processes: int = 1) -> None:
-        """Raise OptionError naming every bad value (by its flag) and every combination that cannot work."""
+    def check(self, n_models: int = 2, num_processes: int | None = None) -> None:
+        """Raise OptionError naming every bad value (by its flag) and every combination that cannot work.
+        num_processes: of this run (default: WORLD_SIZE, which `accelerate launch` and torchrun set, else 1)."""
+        if num_processes is None:
+            import os
+            num_processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
         from .match import METHODS
         problems = range_problems(self)
         method = METHODS.get(self.method)
@@ -193,6 +204,10 @@ class MergeOptions:
             problems.append(f"--learn-batch-size {self.learn_batch_size} is not divisible by --grad-accum "
                             f"({self.grad_accum}) × processes ({num_processes}); every micro-batch must have the "
                             "same size")
+        if self.fsdp and num_processes == 1:
+            problems.append("--fsdp shards the endpoints over the processes of `accelerate launch --num_processes N`, "
+                            "and this run has one process: launch it with accelerate, or drop --fsdp "
+                            "(--gradient-checkpointing saves memory in one process)")
         problems += device_problems(self.device, "--device")
         try:
             self.shard_bytes()

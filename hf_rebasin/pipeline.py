@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import shutil
 import tempfile
 import time
 from contextlib import contextmanager
@@ -104,7 +105,9 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
         alignment.settings.setdefault("notes", []).extend(data_notes)
 
     alignment.notes += embedding_notes
-    with held([apply(g, t) for g, t in zip(graphs, alignment.transforms)], out) as aligned:
+    export_bytes = sum(p.stat().st_size for p in template.files.files) if out is not None else 0
+    with held([g if t.is_identity() else apply(g, t) for g, t in zip(graphs, alignment.transforms)], out,
+              reserve=export_bytes) as aligned:
         report = evaluate_report(models, aligned, alignment, template, data, data_spec, options, timings, progress,
                                  command or equivalent_command(models, options, out))
         result = MergeResult(report, alignment.transforms)
@@ -172,18 +175,28 @@ IN_MEMORY_BYTES = 2**30  # aligned models up to this size (fp32, all together) a
 
 
 @contextmanager
-def held(aligned: list, out: str | Path | None):
-    """The aligned models, computed once for the many points of the path: in memory when small, else spilled to
-    fp32 files in a temporary folder (beside the output, removed at the end) and read one layer at a time."""
+def held(aligned: list, out: str | Path | None, reserve: int = 0):
+    """The aligned models, computed once for the many points of the path: in memory when small; else a model whose
+    transform rotates the residual stream (d x d products on every tensor) is spilled to fp32 files in a
+    temporary folder (beside the output, removed at the end) and read one layer at a time, while one that is not
+    transformed (--method raw) or only by per-head maps and permutations (weight matching's reference model: cheap
+    products of head width) is recomputed from its checkpoint files wherever it is read.  Without disk room for
+    the spill and `reserve` bytes more (the export, written while the spill exists), every model is recomputed."""
     from .sources import SpilledGraph, canonical_bytes
+    from .symmetry import TransformedGraph
     if sum(canonical_bytes(g) for g in aligned) <= IN_MEMORY_BYTES:
         yield [g.materialise() for g in aligned]
         return
     parent = Path(out).expanduser().absolute().parent if out is not None else None
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
+    rotated = [isinstance(g, TransformedGraph) and g.t.rotation is not None for g in aligned]
+    need = sum(canonical_bytes(g) for g, r in zip(aligned, rotated) if r)
+    if need + reserve > 0.9 * shutil.disk_usage(parent or tempfile.gettempdir()).free:
+        rotated = [False] * len(aligned)  # no room: every layer is recomputed where it is read (slower, same values)
     with tempfile.TemporaryDirectory(prefix=".hf-rebasin-aligned-", dir=parent) as folder:
-        yield [SpilledGraph(g, Path(folder) / f"model-{k}") for k, g in enumerate(aligned)]
+        yield [SpilledGraph(g, Path(folder) / f"model-{k}") if r else g
+               for k, (g, r) in enumerate(zip(aligned, rotated))]
 
 
 def eval_data(spec: str | None, template: Loaded, options: MergeOptions, flag: str = "--data") -> EvalData:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .canonical import LazyGraph
+from .canonical import InterpolatedGraph, LazyGraph
 from .errors import ModelLoadError
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -174,9 +174,11 @@ class SpilledGraph(LazyGraph):
         self.folder, self.spec, self.norm_eps = Path(folder), graph.spec, graph.norm_eps
         self.meta = dict(getattr(graph, "meta", {}) or {})
         self.folder.mkdir(parents=True, exist_ok=True)
-        save_file(_contiguous(graph.outside()), str(self.folder / "outside.safetensors"))
-        for i in range(self.spec.n_layers):
-            save_file(_contiguous(graph.layer(i)), str(self.folder / f"layer-{i:05d}.safetensors"))
+        self.shapes = {}
+        for name, part in (("outside", graph.outside()),
+                           *((f"layer-{i:05d}", graph.layer(i)) for i in range(self.spec.n_layers))):
+            save_file(_contiguous(part), str(self.folder / f"{name}.safetensors"))
+            self.shapes.update({k: tuple(v.shape) for k, v in part.items()})
 
     def _read(self, name: str) -> dict[str, Tensor]:
         from safetensors.torch import load_file
@@ -195,9 +197,24 @@ def _contiguous(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 
 def canonical_bytes(graph) -> int:
     """Bytes of the graph in fp32 (from its shapes when it knows them, else from its tensors)."""
-    shapes = getattr(graph, "shapes", None)
-    if shapes is None and hasattr(graph, "base"):
-        shapes = getattr(graph.base, "shapes", None)
+    shapes = known_shapes(graph)
     if shapes is not None:
         return 4 * sum(math.prod(shape) for shape in shapes.values())
+    if isinstance(graph, LazyGraph) and "_materialised" not in graph.__dict__:  # part by part, never whole
+        parts = (graph.outside(), *(graph.layer(i) for i in range(graph.spec.n_layers)))
+        return 4 * sum(v.numel() for part in parts for v in part.values())
     return 4 * sum(v.numel() for v in graph.params.values())
+
+
+def known_shapes(graph) -> dict[str, tuple] | None:
+    """The canonical shapes a lazy graph knows without computing a tensor: its own, or those of the graph it
+    transforms (same shapes) or of the first graph it interpolates."""
+    from .symmetry import TransformedGraph
+    shapes = getattr(graph, "shapes", None)
+    if shapes is not None:
+        return shapes
+    if isinstance(graph, TransformedGraph):
+        return known_shapes(graph.base)
+    if isinstance(graph, InterpolatedGraph):
+        return known_shapes(graph.graphs[0])
+    return None

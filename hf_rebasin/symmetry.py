@@ -33,6 +33,13 @@ class Transform:
         none = [None] * spec.n_layers
         return Transform(None, 1.0, list(none), list(none), list(none), list(none), list(none))
 
+    def is_identity(self) -> bool:
+        """True when the element is the identity as stored (no rotation, scale 1, no per-layer part), e.g. the
+        reference model's transform in weight matching."""
+        return (self.rotation is None and float(self.scale) == 1.0
+                and all(v is None for name in ("head_perm", "qk_maps", "ov_maps", "ffn_perm", "glu_scale")
+                        for v in getattr(self, name)))
+
     def per_layer(self, name: str, i: int):
         items = getattr(self, name)
         return items[i] if i < len(items) else None

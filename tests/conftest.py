@@ -88,3 +88,13 @@ def train_char_models(root: Path, kind: str, seeds) -> Path:
                                 batch_size=16, lr=1e-2, progress=False)
         save_lm(model, tokenizer, root / f"model-{seed}")
     return root
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models run fastest on one thread (use with pytest.mark.usefixtures)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -236,6 +236,7 @@ REFUSED_OPTIONS = [  # (extra argv, number of models, what the message must name
     (["--method", "dual", "--resume", "/nope/checkpoint.pt"], 2, ["--resume", "no such checkpoint"]),
     (["--train-data", "/nope/train.txt", "--method", "dual"], 2, ["--train-data", "/nope/train.txt"]),
     (["--method", "magic"], 2, ["--method", "magic"]),
+    (["--method", "dual", "--fsdp"], 2, ["--fsdp", "one process", "accelerate"]),
 ]
 
 

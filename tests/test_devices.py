@@ -115,3 +115,21 @@ def test_a_bf16_run_returns_exact_symmetries_and_reports_its_peak_memory(tiny_di
         assert (tiny.outputs(moved, x) - tiny.outputs(models.load(folder).model, x)).abs().max() < 1e-4
     peak = result.settings["peak_memory"]
     assert peak["what"] == "peak RSS of the process" and peak["GiB"] > 0.1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_layer_by_layer_loss_builds_every_layer_on_the_graphs_device(kind, tiny_dirs):
+    """--gradient-checkpointing / --fsdp: each layer's weights and the tensors outside the layers, as the forward
+    asks for them, on the endpoints' device."""
+    from hf_rebasin.match.layered import LayeredPathLoss
+    loaded = models.load(tiny_dirs[kind])
+    graph = on_meta(models.canonicalise(loaded))
+    ends = {"0": SymmetryParams(graph.spec), "1": SymmetryParams(graph.spec, symmetry.random_transform(graph.spec, 1))}
+    path_loss = LayeredPathLoss([graph, graph], ends, loaded, loaded.task).to_device("meta")
+    path_loss.current_weights = [0.3, 0.7]
+    path_loss._set_elements("cpu")
+    state, _ = path_loss._outside_state(None)
+    assert devices(state.values()) == {"meta"}
+    for layer in path_loss.layers:
+        assert devices(layer.state().values()) == {"meta"}
+        assert devices(layer.local_state("meta").values()) == {"meta"}

@@ -257,7 +257,10 @@ def test_n_way_plain_init_is_refused(tiny_dirs, tmp_path):
 
 # --- accelerate: two processes, one process ---------------------------------------------------------
 
-def test_two_processes_follow_one(neox_pair, tmp_path):
+@pytest.mark.parametrize("layout", ["ddp", "fsdp"])
+def test_two_processes_follow_one(layout, neox_pair, tmp_path):
+    """Data parallel (DDP over PathLoss), or FSDP: each process stores half the endpoints (layer by layer,
+    with gradient checkpointing); either way the trajectory is that of one process."""
     a_dir, b_dir = neox_pair
     text = tmp_path / "train.txt"
     text.write_text(corpus.heldout_text(6000))
@@ -267,10 +270,17 @@ def test_two_processes_follow_one(neox_pair, tmp_path):
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                str(REPO / "tests" / "learned_ddp_script.py"), str(a_dir), str(b_dir), str(text), str(out),
                "--steps", "6", "--batch-size", "8", "--grad-accum", "2"]
+    if layout == "fsdp":
+        command += ["--fsdp", "--gradient-checkpointing"]
     run = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["num_processes"] == 2 and report["world_size_env"] == "2"
+    storage = report["endpoint_storage"]
+    if layout == "fsdp":  # half of every tensor, up to FSDP's padding of odd first dimensions
+        assert 0.5 * storage["bytes_total"] <= storage["bytes_per_process"] <= 0.55 * storage["bytes_total"]
+    else:
+        assert storage["bytes_per_process"] == storage["bytes_total"] > 0
 
     # the same global batch (8 per step) in this one process, without accumulation
     from safetensors.torch import load_file

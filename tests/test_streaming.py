@@ -31,12 +31,17 @@ def stored(folder) -> dict[str, torch.Tensor]:
 
 
 def test_streamed_merge_equals_the_whole_models_in_memory(tiny_dirs, tmp_path, text_file, monkeypatch):
-    from hf_rebasin import pipeline
-    monkeypatch.setattr(pipeline, "IN_MEMORY_BYTES", 0)  # the aligned models are spilled to files and streamed
+    from hf_rebasin import evaluation, pipeline
     a_dir, b_dir = tiny_dirs["llama_gqa_tied"], tiny.make_tiny("llama_gqa_tied", tmp_path / "b", seed=4)
+    command = ["merge", str(a_dir), str(b_dir), "--method", "wm", "--data", str(text_file), "--seq-len", "32",
+               "--max-eval-tokens", "1024", "--lambdas", "3"]
+    assert main([*command, "--out", str(tmp_path / "in-memory")]) == 0
+    monkeypatch.setattr(pipeline, "IN_MEMORY_BYTES", 0)  # the aligned models are spilled to files and streamed
+    monkeypatch.setattr(evaluation, "STREAMED_EVAL_BYTES", 0)  # the path is evaluated layer by layer
     out = tmp_path / "merged"
-    assert main(["merge", str(a_dir), str(b_dir), "--method", "wm", "--out", str(out), "--data", str(text_file),
-                 "--seq-len", "32", "--max-eval-tokens", "1024", "--lambdas", "3"]) == 0
+    assert main([*command, "--out", str(out)]) == 0
+    losses = [json.loads((folder / "barrier.json").read_text())["loss"] for folder in (tmp_path / "in-memory", out)]
+    assert len(losses[0]) == 3 and all(abs(x - y) <= 1e-6 * max(1.0, x) for x, y in zip(*losses))
     # the same computation on graphs held whole in memory (no lazy graph anywhere)
     template = models.load(a_dir)
     whole_a, whole_b = (models.canonicalise(models.load(d)).materialise() for d in (a_dir, b_dir))
@@ -125,3 +130,70 @@ def test_hub_download_fetches_only_the_safetensors(tiny_dirs, tmp_path, monkeypa
         x = tiny.example_inputs("gpt_neox")
         exported = models.instantiate(models.canonicalise(loaded), loaded)
         assert (tiny.outputs(exported, x) - tiny.outputs(model, x)).abs().max() <= 1e-5
+
+
+# --- the path evaluated layer by layer ------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", tiny.kinds())
+def test_layer_by_layer_path_evaluation_equals_the_filled_model(kind, tmp_path):
+    from hf_rebasin.evaluation import EvalData, evaluate_points
+    from hf_rebasin.symmetry import random_transform
+    template = models.load(tiny.make_tiny(kind, tmp_path / "a", seed=1))
+    a = models.canonicalise(template)
+    b = models.canonicalise(models.load(tiny.make_tiny(kind, tmp_path / "b", seed=5)))
+    aligned = [a, apply(b, random_transform(b.spec, seed=2))]
+    x = tiny.example_inputs(kind, seed=3)
+    generator = torch.Generator().manual_seed(0)
+    if template.task == "causal-lm":
+        data = EvalData("causal-lm", torch.cat([x, torch.randint(0, a.spec.n_out, x.shape, generator=generator)]))
+    else:
+        data = EvalData(template.task, x, torch.randint(0, a.spec.n_out, (len(x),), generator=generator))
+    weights = [(1.0, 0.0), (0.5, 0.5), (0.25, 0.75)]
+    filled = evaluate_points(aligned, weights, template, data, batch_size=2, progress=False, streamed=False)
+    streamed = evaluate_points(aligned, weights, template, data, batch_size=2, progress=False, streamed=True)
+    for whole, layered in zip(filled, streamed):
+        assert whole.keys() == layered.keys()
+        assert abs(whole["loss"] - layered["loss"]) <= 1e-6 * max(1.0, whole["loss"])
+        if "accuracy" in whole:
+            assert whole["accuracy"] == layered["accuracy"]
+
+
+def test_only_rotated_models_are_spilled_and_only_with_disk_room(tiny_dirs, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from hf_rebasin import pipeline
+    from hf_rebasin.sources import SpilledGraph
+    from hf_rebasin.symmetry import Transform, TransformedGraph, random_transform
+    monkeypatch.setattr(pipeline, "IN_MEMORY_BYTES", 0)
+    graph = models.canonicalise(models.load(tiny_dirs["gpt_neox"]))
+    rotated = random_transform(graph.spec, seed=1)
+    maps_only = random_transform(graph.spec, seed=2)
+    maps_only.rotation = None
+    aligned = [graph, apply(graph, rotated), apply(graph, maps_only)]
+    assert Transform.identity(graph.spec).is_identity() and not maps_only.is_identity()
+    with pipeline.held(aligned, tmp_path / "out") as held:
+        assert held[0] is graph and isinstance(held[1], SpilledGraph) and held[2] is aligned[2]
+        assert isinstance(held[2], TransformedGraph)
+        for i in range(graph.spec.n_layers):  # the spilled copy holds what the transform computes
+            for key, value in aligned[1].layer(i).items():
+                assert torch.equal(held[1].layer(i)[key], value), key
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1, 1, 0))
+    with pipeline.held(aligned, tmp_path / "out") as held:  # no room: nothing spilled, recomputed where read
+        assert [h is g for h, g in zip(held, aligned)] == [True, True, True]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_the_size_of_a_lazy_graph_is_known_without_holding_it(tiny_dirs, tmp_path):
+    from hf_rebasin.canonical import LazyGraph
+    from hf_rebasin.sources import SpilledGraph, canonical_bytes
+    from hf_rebasin.symmetry import random_transform
+    source = models.canonicalise(models.load(tiny_dirs["gpt_neox"]))
+    whole = 4 * sum(v.numel() for v in source.materialise().params.values())
+    moved = apply(source, random_transform(source.spec, seed=1))
+    graphs = [source, moved, SpilledGraph(moved, tmp_path / "spill"), interpolate([moved, source], [0.5, 0.5])]
+    for graph in graphs:
+        assert isinstance(graph, LazyGraph)
+        assert canonical_bytes(graph) == whole
+        assert "_materialised" not in graph.__dict__  # sized from shapes: nothing held whole

@@ -27,9 +27,11 @@ Two exact shortcuts keep a step cheap:
 Cost: transforming the weights takes ~ d·P flops per pass (d the width, P the parameters) against ~ T·P
 for the model on T tokens, so an lm or dual step costs about 1 + d/T plain training steps.
 
-Memory: this is NOT layer by layer.  Every step materialises a full transformed state dict (plus the
+Memory: PathLoss is not layer by layer.  Every step materialises a full transformed state dict (plus the
 intermediates of the transform chain and the interpolated point, which autograd keeps for the backward)
-on top of the frozen endpoints.  With ``--learn-precision bf16`` (the default on CUDA) the endpoints are held
+on top of the frozen endpoints.  ``--gradient-checkpointing`` and ``--fsdp`` run layered.LayeredPathLoss
+instead: the same loss computed layer by layer, with layers recomputed in the backward and/or the endpoints
+sharded over the processes.  With ``--learn-precision bf16`` (the default on CUDA) the endpoints are held
 in bf16 and the transforms act on them under autocast, so each of those copies is bf16 too; the group
 elements (small matrices), their gradients and AdamW's state stay fp32.
 """
@@ -48,7 +50,7 @@ from .params import SymmetryParams, relative_continuous
 
 LEARNED_SETTINGS = ("method", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
                     "lambda_dist", "learn_seed", "eval_every", "eval_subset", "holdout", "checkpoint_every",
-                    "checkpoint_dir", "resume", "learn_precision", "device")
+                    "checkpoint_dir", "resume", "learn_precision", "device", "gradient_checkpointing", "fsdp")
 
 
 def trajectory_settings(options) -> dict:
@@ -62,34 +64,31 @@ def trajectory_settings(options) -> dict:
 
 # --- the loss on the path ------------------------------------------------------------------------
 
-def strip_parameters(model: nn.Module) -> nn.Module:
-    """Replace the module's own weights by empty tensors: functional_call supplies every one of them,
-    so the instance only contributes its code and buffers (saves one model copy of memory)."""
+def strip_parameters(model: nn.Module, device=None) -> nn.Module:
+    """Replace the module's own weights by empty tensors (on `device`, default their own): functional_call
+    supplies every one of them, so the instance only contributes its code and buffers (saves one model copy)."""
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is not None:
-                module._parameters[name] = nn.Parameter(param.new_empty(0), requires_grad=False)
+                empty = torch.empty(0, dtype=param.dtype, device=device or param.device)
+                module._parameters[name] = nn.Parameter(empty, requires_grad=False)
     return model
 
 
-class PathLoss(nn.Module):
-    """Task loss at sum_i w_i t_i(theta_i); the learnable group elements are the only parameters (what DDP
-    averages).  Ends are keyed "0" .. "N-1"; a model without an end is frozen as it is."""
+class PathOfEnds(nn.Module):
+    """What every form of the loss on the path shares: the learnable group elements `ends` (keyed "0" .. "N-1";
+    a model without an end is frozen as it is; they are the only trainable parameters), the interpolation
+    weights of a λ, and the learned state that checkpoints and the held-out selection keep."""
 
-    def __init__(self, graphs: list[Graph], ends: dict[str, SymmetryParams], template, task: str,
-                 autocast_dtype: torch.dtype | None = None):
+    sharded = False  # the training loop runs a held-out estimate on every process only when sharded
+    manual_sync = False  # DDP averages the gradients (else the loop calls sync_gradients)
+
+    def __init__(self, ends: dict[str, SymmetryParams], n_models: int):
         super().__init__()
-        from ..models import instantiate
         self.ends = nn.ModuleDict(ends)
-        # trained through: held in memory, in the autocast dtype when there is one (bf16 endpoints)
-        self.graphs = {str(k): stored(g.materialise(), autocast_dtype) for k, g in enumerate(graphs)}
-        self.template, self.task, self.autocast_dtype = template, task, autocast_dtype
-        self.__dict__["model"] = strip_parameters(instantiate(graphs[0], template))  # not a submodule
-        self.__dict__["norms"] = template.adapter.norm_modules(self.model) if graphs[0].spec.scale_exact else []
-        n = len(graphs)
-        self.n_models = n
-        self.vertices = [tuple(1.0 if j == i else 0.0 for j in range(n)) for i in range(n)]
-        self.centre = tuple(1.0 / n for _ in range(n))
+        self.n_models = n_models
+        self.vertices = [tuple(1.0 if j == i else 0.0 for j in range(n_models)) for i in range(n_models)]
+        self.centre = tuple(1.0 / n_models for _ in range(n_models))
 
     def weights(self, lam) -> list[float]:
         """Interpolation weights: a λ for two models (weights 1-λ, λ), else a weight vector."""
@@ -100,18 +99,50 @@ class PathLoss(nn.Module):
             raise ValueError(f"got {len(weights)} interpolation weights for {self.n_models} models")
         return weights
 
-    def to_device(self, device) -> PathLoss:
-        self.to(device)
-        self.model.to(device)
-        self.graphs = {k: g.replace({n: v.to(device) for n, v in g.params.items()}) for k, g in self.graphs.items()}
-        return self
-
     @property
     def relative(self) -> bool:
         """Two-model dual with A's element free of permutations: train through the single-sided path with
         t_a^-1 t_b (an exact symmetry image of the dual path, at the cost of one transform)."""
         return (self.n_models == 2 and "0" in self.ends and "1" in self.ends
                 and not self.ends["0"].has_permutations())
+
+    def learned_state(self) -> dict[str, Tensor]:
+        """The symmetry parameters (what checkpoints and the held-out selection keep)."""
+        return self.ends.state_dict(prefix="ends.")
+
+    def load_learned_state(self, state: dict[str, Tensor]) -> None:
+        self.ends.load_state_dict({k.removeprefix("ends."): v for k, v in state.items()})
+
+    def task_loss(self, state: dict[str, Tensor], inputs: Tensor, labels: Tensor | None) -> Tensor:
+        """Cross-entropy of self.model run with `state` (next token for LMs, the label for classifiers)."""
+        from torch.func import functional_call
+        if self.task == "causal-lm":
+            out = functional_call(self.model, state, (), {"input_ids": inputs, "use_cache": False})
+            logits = out.logits[:, :-1].float()
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), inputs[:, 1:].reshape(-1))
+        logits = functional_call(self.model, state, (inputs,)).float()
+        return F.cross_entropy(logits, labels)
+
+
+class PathLoss(PathOfEnds):
+    """Task loss at sum_i w_i t_i(theta_i), the whole transformed state dict built per step."""
+
+    def __init__(self, graphs: list[Graph], ends: dict[str, SymmetryParams], template, task: str,
+                 autocast_dtype: torch.dtype | None = None):
+        super().__init__(ends, len(graphs))
+        from ..models import instantiate
+        # trained through: held in memory, in the autocast dtype when there is one (bf16 endpoints)
+        self.graphs = {str(k): stored(g.materialise(), autocast_dtype) for k, g in enumerate(graphs)}
+        self.template, self.task, self.autocast_dtype = template, task, autocast_dtype
+        self.__dict__["model"] = strip_parameters(instantiate(graphs[0], template))  # not a submodule
+        self.__dict__["norms"] = template.adapter.norm_modules(self.model) if graphs[0].spec.scale_exact else []
+        self.model_parameters = sum(v.numel() for v in self.graphs["0"].params.values())
+
+    def to_device(self, device) -> PathLoss:
+        self.to(device)
+        self.model.to(device)
+        self.graphs = {k: g.replace({n: v.to(device) for n, v in g.params.items()}) for k, g in self.graphs.items()}
+        return self
 
     def end_graphs(self, graphs: dict[str, Graph]) -> list[Graph]:
         # the group elements themselves are computed in fp32 even under autocast; only their action on the
@@ -141,7 +172,6 @@ class PathLoss(nn.Module):
         return point
 
     def forward(self, inputs: Tensor, labels: Tensor | None, lam) -> Tensor:
-        from torch.func import functional_call
         sparse = self.task == "causal-lm" and self.graphs["0"].spec.token_embedding is not None
         # under autocast the transforms run in the endpoints' bf16 too (no fp32 copy of a model is ever made);
         # the symmetry parameters, their gradients and the optimiser state stay fp32
@@ -151,12 +181,7 @@ class PathLoss(nn.Module):
             state_dict, _ = self.template.adapter.from_canonical(point, self.template.config)
             for module, attr in self.norms:  # the residual scale g is exact only with eps scaled by g^2
                 setattr(module, attr, point.norm_eps)
-            if self.task == "causal-lm":
-                out = functional_call(self.model, state_dict, (), {"input_ids": inputs, "use_cache": False})
-                logits = out.logits[:, :-1].float()
-                return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), inputs[:, 1:].reshape(-1))
-            logits = functional_call(self.model, state_dict, (inputs,)).float()
-            return F.cross_entropy(logits, labels)
+            return self.task_loss(state_dict, inputs, labels)
 
 
 def stored(graph: Graph, dtype: torch.dtype | None) -> Graph:
@@ -176,16 +201,33 @@ class _nothing:
 
 # --- fingerprints (for resume) -----------------------------------------------------------------
 
+def _tensor_digest_parts(key: str, value: Tensor) -> tuple[bytes, bytes]:
+    flat = value.detach().cpu().reshape(-1)
+    sample = flat[:: max(1, flat.numel() // 4096)].double()
+    return f"{key}{tuple(value.shape)}{float(flat.double().sum()):.10e}".encode(), sample.numpy().tobytes()
+
+
+def _combine(parts: dict[str, tuple[bytes, bytes]]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(parts):
+        for chunk in parts[key]:
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
 def digest_tensors(tensors: dict[str, Tensor]) -> str:
     """A cheap content hash: names, shapes, float64 sums and a strided sample of every tensor."""
-    h = hashlib.sha256()
-    for key in sorted(tensors):
-        v = tensors[key].detach().cpu()
-        flat = v.reshape(-1)
-        sample = flat[:: max(1, flat.numel() // 4096)].double()
-        h.update(f"{key}{tuple(v.shape)}{float(flat.double().sum()):.10e}".encode())
-        h.update(sample.numpy().tobytes())
-    return h.hexdigest()[:16]
+    return _combine({key: _tensor_digest_parts(key, value) for key, value in tensors.items()})
+
+
+def digest_graph(graph) -> str:
+    """digest_tensors of the graph's tensors, read one part at a time (a lazy graph is never held whole)."""
+    if isinstance(graph, Graph):
+        return digest_tensors(graph.params)
+    parts = {}
+    for tensors in (graph.outside(), *(graph.layer(i) for i in range(graph.spec.n_layers))):
+        parts.update({key: _tensor_digest_parts(key, value) for key, value in tensors.items()})
+    return _combine(parts)
 
 
 def digest_data(data) -> str:
@@ -237,7 +279,7 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
                           "that weight matching finds (--init absorbed)")
     accelerator = make_accelerator(options)
     options.check(n, accelerator.num_processes)
-    fingerprint = {"models": [digest_tensors(g.params) for g in graphs], "train_data": digest_data(train),
+    fingerprint = {"models": [digest_graph(g) for g in graphs], "train_data": digest_data(train),
                    "settings": trajectory_settings(options)}
     resume_state = load_checkpoint(options.resume, fingerprint) if options.resume else None
     train, holdout = split_holdout(train, options.holdout)
@@ -252,7 +294,8 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
     device = accelerator.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    path_loss = PathLoss(frames, ends, template, train.task, autocast_dtype(options, device)).to_device(device)
+    path_loss = path_loss_for(frames, ends, template, train.task, autocast_dtype(options, device), options,
+                              accelerator)
     log = train_transforms(path_loss, accelerator, train, eval_data, options, fingerprint=fingerprint,
                            resume_state=resume_state, progress=progress, on_step=on_step, holdout=holdout)
 
@@ -267,13 +310,39 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
                             "lambda_dist": options.learned_lambda_dist(), "warmup": options.warmup_steps()},
                 "wm": start.settings, "num_processes": accelerator.num_processes, "device": str(device),
                 "learned_parameters": sum(p.numel() for p in path_loss.parameters() if p.requires_grad),
-                "model_parameters": sum(v.numel() for v in path_loss.graphs["0"].params.values()),
+                "model_parameters": path_loss.model_parameters, "endpoint_storage": endpoint_storage(path_loss),
                 "train_data": dict(train.info or {}), "peak_memory": peak_memory(device), "notes": []}
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         accelerator.end_training()
     wm_log = [{"stage": "wm", **entry} for entry in start.log]
     return Alignment(transforms, wm_log + log, settings)
+
+
+def path_loss_for(frames: list[Graph], ends: dict[str, SymmetryParams], template, task: str,
+                  dtype: torch.dtype | None, options, accelerator) -> nn.Module:
+    """PathLoss (the whole state dict per step), or layered.LayeredPathLoss for --gradient-checkpointing and
+    --fsdp (sharded over the processes), on the accelerator's device."""
+    device = accelerator.device
+    if not (options.gradient_checkpointing or options.fsdp):
+        return PathLoss(frames, ends, template, task, dtype).to_device(device)
+    from .layered import LayeredPathLoss
+    if not options.fsdp:
+        return LayeredPathLoss(frames, ends, template, task, dtype,
+                               checkpointing=options.gradient_checkpointing).to_device(device)
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh(device.type, (accelerator.num_processes,))
+    return LayeredPathLoss(frames, ends, template, task, dtype, checkpointing=options.gradient_checkpointing,
+                           mesh=mesh)
+
+
+def endpoint_storage(path_loss) -> dict:
+    """Bytes of frozen endpoint tensors one process stores, and of all of them."""
+    if hasattr(path_loss, "stored_bytes"):
+        local, total = path_loss.stored_bytes()
+    else:
+        local = total = sum(v.numel() * v.element_size() for g in path_loss.graphs.values() for v in g.params.values())
+    return {"bytes_per_process": int(local), "bytes_total": int(total)}
 
 
 def split_holdout(data, n: int | None):
@@ -316,4 +385,4 @@ def is_main_process() -> bool:
     return PartialState().is_main_process
 
 
-__all__ = ["PathLoss", "learn", "trajectory_settings"]
+__all__ = ["PathLoss", "PathOfEnds", "learn", "trajectory_settings"]

@@ -279,25 +279,42 @@ class SymmetryParams(nn.Module):
         return any(layer.fixed_head_perm is not None or layer.fixed_ffn_perm is not None
                    for layer in self.layers)
 
-    def apply(self, graph: Graph, continuous: Transform | None = None) -> Graph:
-        """apply(graph, this element), differentiable in the parameters.  `continuous` replaces this
-        element's continuous part (rotation, scale, maps, GLU scales); its permutations stay."""
-        spec = self.spec
+    def element(self, continuous: Transform | None = None, device=None) -> Transform:
+        """This group element as a Transform: `continuous` (default: its own continuous part, differentiable)
+        with its fixed permutations (on `device`)."""
         t = self._continuous() if continuous is None else copy.copy(continuous)
-        t.head_perm, t.ffn_perm = list(t.head_perm), list(t.ffn_perm)
-        params = {k: rotate_residual(k, v, t) for k, v in graph.params.items() if not k.startswith("layers.")}
-        for i, layer in enumerate(self.layers):
-            prefix = f"layers.{i}."
-            p = {k: v for k, v in graph.params.items() if k.startswith(prefix)}
-            device = graph.params[prefix + "attn.o"].device
-            t.head_perm[i] = None if layer.fixed_head_perm is None else layer.fixed_head_perm.to(device)
-            t.ffn_perm[i] = None if layer.fixed_ffn_perm is None else layer.fixed_ffn_perm.to(device)
-            params.update(transform_layer(p, i, spec, t))
-        if isinstance(t.scale, Tensor):  # the norm eps is a plain number (a device tensor has no value on meta)
+        move = lambda perm: None if perm is None else perm.to(device)  # noqa: E731
+        t.head_perm = [move(layer.fixed_head_perm) for layer in self.layers]
+        t.ffn_perm = [move(layer.fixed_ffn_perm) for layer in self.layers]
+        return t
+
+    @staticmethod
+    def apply_outside(params: dict[str, Tensor], t: Transform) -> dict[str, Tensor]:
+        """The tensors outside the layers under the element t (from `element`)."""
+        return {k: rotate_residual(k, v, t) for k, v in params.items()}
+
+    def apply_layer(self, params: dict[str, Tensor], i: int, t: Transform) -> dict[str, Tensor]:
+        """Layer i's tensors under the element t (from `element`)."""
+        return transform_layer(params, i, self.spec, t)
+
+    @staticmethod
+    def scaled_eps(norm_eps: float, t: Transform) -> float:
+        """The norm eps under t: the residual scale g is exact only with eps scaled by g^2."""
+        if isinstance(t.scale, Tensor):  # a plain number (a device tensor has no value on meta)
             scale = float(t.scale.detach()) if t.scale.device.type != "meta" else float("nan")
         else:
             scale = float(t.scale)
-        return graph.replace(params, norm_eps=graph.norm_eps * scale ** 2)
+        return norm_eps * scale ** 2
+
+    def apply(self, graph: Graph, continuous: Transform | None = None) -> Graph:
+        """apply(graph, this element), differentiable in the parameters.  `continuous` replaces this
+        element's continuous part (rotation, scale, maps, GLU scales); its permutations stay."""
+        t = self.element(continuous, graph.params["layers.0.attn.o"].device)
+        params = self.apply_outside({k: v for k, v in graph.params.items() if not k.startswith("layers.")}, t)
+        for i in range(self.spec.n_layers):
+            prefix = f"layers.{i}."
+            params.update(self.apply_layer({k: v for k, v in graph.params.items() if k.startswith(prefix)}, i, t))
+        return graph.replace(params, norm_eps=self.scaled_eps(graph.norm_eps, t))
 
     @torch.no_grad()
     def export(self) -> Transform:

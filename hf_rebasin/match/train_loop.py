@@ -225,12 +225,15 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
     optimizer = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
     start, log, best = 0, [], None
     if resume_state is not None:
-        path_loss.load_state_dict(resume_state["params"])
+        path_loss.load_learned_state(resume_state["params"])
         optimizer.load_state_dict(resume_state["optimizer"])
         start, log, best = int(resume_state["step"]), list(resume_state["log"]), resume_state.get("best")
-    with warnings.catch_warnings():  # torch deprecates broadcast_buffers; accelerate has no other way to say it
-        warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
-        model = accelerator.prepare_model(path_loss)
+    model = path_loss  # layered: the loop averages the gradients itself (path_loss.sync_gradients)
+    if not path_loss.manual_sync:
+        with warnings.catch_warnings():  # torch deprecates broadcast_buffers; accelerate has no other way to say it
+            warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+            model = accelerator.prepare_model(path_loss)
+    everywhere = path_loss.sharded  # a sharded forward needs every process: held-out estimates run on all
     micro = s.learn_batch_size // (s.grad_accum * world)
     distribution = s.learned_lambda_dist()
     plan = StepPlan(len(train.inputs), s.learn_batch_size, s.learn_seed, LAMBDA_RANGES[distribution],
@@ -242,25 +245,25 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
     postfix: dict[str, str] = {}
 
     def state(step: int) -> dict:
-        return {"format": CHECKPOINT_FORMAT, "step": step, "params": path_loss.state_dict(),
+        return {"format": CHECKPOINT_FORMAT, "step": step, "params": path_loss.learned_state(),
                 "optimizer": optimizer.state_dict(), "log": log, "fingerprint": fingerprint, "best": best}
 
     def select(step: int) -> None:
         """Keep the parameters if their midpoint loss on the held-out training examples is the lowest so far."""
         nonlocal best
-        if holdout is None or not main:
+        if holdout is None or not (main or everywhere):
             return
         loss = path_loss_at(path_loss, holdout, path_loss.centre, s.batch_size, device)
         log.append({"step": step, "holdout_midpoint_loss": loss})
         if best is None or loss < best["loss"]:
             best = {"step": step, "loss": loss,
-                    "params": {k: v.detach().clone() for k, v in path_loss.state_dict().items()}}
+                    "params": {k: v.detach().clone() for k, v in path_loss.learned_state().items()}}
         postfix["best"] = f"{best['loss']:.4f}@{best['step']}"
 
     def estimate(step: int) -> None:
         nonlocal ends
         select(step)
-        if held_out is None or not main:
+        if held_out is None or not (main or everywhere):
             return
         if ends is None:  # the endpoints are exact symmetries of the models: their losses never change
             ends = [path_loss_at(path_loss, held_out, v, s.batch_size, device) for v in path_loss.vertices]
@@ -287,10 +290,12 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
                 x = train.inputs[part].to(device)
                 y = None if train.labels is None else train.labels[part].to(device)
                 last = m == s.grad_accum - 1
-                with nullcontext() if last or world == 1 else accelerator.no_sync(model):
+                with nullcontext() if last or world == 1 or path_loss.manual_sync else accelerator.no_sync(model):
                     loss = model(x, y, lam)
                     accelerator.backward(loss / s.grad_accum)
                 total = total + loss.detach() / s.grad_accum
+            if path_loss.manual_sync:
+                path_loss.sync_gradients(world)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             stats = accelerator.reduce(torch.stack([total, torch.tensor(float(interrupt.requested), device=device)]),
@@ -322,6 +327,6 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
                 raise KeyboardInterrupt
     bar.close()
     if best is not None:
-        path_loss.load_state_dict(best["params"])
+        path_loss.load_learned_state(best["params"])
         log.append({"selected_step": best["step"], "holdout_midpoint_loss": best["loss"]})
     return log

@@ -1,0 +1,184 @@
+"""The loss on the path, layer by layer: what ``--gradient-checkpointing`` and ``--fsdp`` run.
+
+learned.PathLoss builds the whole transformed, interpolated state dict before the forward.  Here each
+decoder layer of the model is replaced by a `LayerPoint` that holds that layer's frozen canonical tensors of
+every endpoint and, when the model's forward reaches it, computes the layer's weights at the current point
+(group elements applied, interpolated, converted with the adapter's ``layer_from_canonical``) and runs the
+layer with them (``functional_call``).  Same function, same loss and gradients as PathLoss (tested), with
+two things PathLoss cannot do:
+
+* **gradient checkpointing**: a layer's weights and activations are recomputed in the backward
+  (``torch.utils.checkpoint``, non-reentrant), so a step keeps one layer's transformed weights and the
+  residual stream between layers, not every transformed layer and its activations;
+* **FSDP**: every LayerPoint (and the root, with the tensors outside the layers) is sharded with torch's
+  ``fully_shard`` over all processes, so each process stores 1/N of the frozen endpoints; FSDP gathers a
+  layer's tensors just before the layer runs (again before its backward) and frees them after.  The symmetry
+  parameters are small and replicated (``ignored_params``): their gradients are averaged over the processes
+  after the backward (``sync_gradients``), exactly what DDP does for PathLoss.
+
+The group elements themselves are computed once per forward at the root, in fp32, and shared by the layers.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor, nn
+
+from ..canonical import Graph
+from ..layerwise import OnDemandLayer, norm_modules, swap_layers
+from .learned import PathOfEnds, stored, strip_parameters
+from .params import SymmetryParams, relative_continuous
+
+
+class FrozenTensors(nn.Module):
+    """A dict of frozen tensors held as parameters (so that FSDP shards them); names keep their dots."""
+
+    def __init__(self, tensors: dict[str, Tensor]):
+        super().__init__()
+        self.names = list(tensors)
+        for j, value in enumerate(tensors.values()):
+            # FSDP shards only contiguous tensors (a fused QKV split per head is a strided view)
+            self.register_parameter(f"t{j}", nn.Parameter(value.contiguous(), requires_grad=False))
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {name: getattr(self, f"t{j}") for j, name in enumerate(self.names)}
+
+
+class LayerPoint(OnDemandLayer):
+    """Decoder layer i at the current point of the path: the endpoints' canonical tensors of layer i (one
+    FrozenTensors per endpoint, what FSDP shards) turned into the layer's weights when the forward reaches it."""
+
+    def __init__(self, owner: LayeredPathLoss, i: int, block: nn.Module, prefix: str, ends: list[dict[str, Tensor]]):
+        super().__init__(i, block, prefix)
+        self.ends = nn.ModuleList(FrozenTensors(p) for p in ends)
+        self.__dict__["owner"] = owner
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.owner.checkpointing
+
+    def state(self) -> dict[str, Tensor]:
+        owner = self.owner
+        parts = [frozen.tensors() for frozen in self.ends]
+        parts = [owner.ends[k].apply_layer(p, self.i, owner.elements[k]) if k in owner.elements else p
+                 for k, p in zip(owner.keys, parts)]
+        point = {name: sum(w * p[name] for p, w in zip(parts, owner.current_weights)) for name in parts[0]}
+        return owner.adapter.layer_from_canonical(point, owner.config, owner.spec, self.i)
+
+
+class LayeredPathLoss(PathOfEnds):
+    """Task loss at sum_i w_i t_i(theta_i), the same function as learned.PathLoss, computed layer by layer
+    (module docstring).  With `mesh` the frozen endpoints are sharded with FSDP over its processes."""
+
+    manual_sync = True  # the training loop averages the symmetry parameters' gradients (`sync_gradients`)
+
+    def __init__(self, graphs: list[Graph], ends: dict[str, SymmetryParams], template, task: str,
+                 autocast_dtype: torch.dtype | None = None, *, checkpointing: bool = False, mesh=None):
+        """graphs may be lazy: they are read one layer at a time.  With a device `mesh` (FSDP), each layer is
+        sharded as soon as it is built, so a process never holds more than its shards and one whole layer."""
+        super().__init__(ends, len(graphs))
+        from ..models import build
+        adapter, first = template.adapter, graphs[0]
+        self.keys = [str(k) for k in range(len(graphs))]
+        self.spec, self.adapter = first.spec, adapter
+        self.__dict__["config"] = template.config  # timm's "config" is a model: never a submodule here
+        self.task, self.autocast_dtype, self.checkpointing = task, autocast_dtype, checkpointing
+        self.norm_eps = [g.norm_eps for g in graphs]
+        # built on the meta device (no copy of the weights), placeholders on the CPU (movable), eval mode
+        model = strip_parameters(build(first, template), device="cpu").eval()
+        self.outside = nn.ModuleList(
+            FrozenTensors(stored(Graph(g.spec, g.outside(), g.norm_eps), autocast_dtype).params) for g in graphs)
+        self.model_parameters = sum(p.numel() for p in self.outside[0].parameters())
+
+        def make(i, block, prefix):
+            ends_i = [stored(Graph(g.spec, g.layer(i), g.norm_eps), autocast_dtype).params for g in graphs]
+            layer = LayerPoint(self, i, block, prefix, ends_i)
+            self.model_parameters += sum(p.numel() for p in layer.ends[0].parameters())
+            if mesh is not None:
+                from torch.distributed.fsdp import fully_shard
+                block.to(mesh.device_type)
+                fully_shard(layer, mesh=mesh)
+            return layer
+
+        self.layers = nn.ModuleList(swap_layers(model, adapter, first.spec.n_layers, make))
+        self.__dict__["model"] = model  # not a submodule: its own weights are placeholders
+        self.__dict__["norms"] = norm_modules(adapter, model, list(self.layers)) if first.spec.scale_exact else []
+        self.elements, self.current_weights, self.sharded = {}, [], mesh is not None
+        if mesh is not None:
+            from torch.distributed.fsdp import fully_shard
+            model.to(mesh.device_type)
+            fully_shard(self, mesh=mesh, reshard_after_forward=True, ignored_params=set(self.ends.parameters()))
+            self.ends.to(mesh.device_type)
+
+    def to_device(self, device) -> LayeredPathLoss:
+        self.to(device)
+        self.model.to(device)  # buffers (rotary tables, masks)
+        for layer in self.layers:
+            layer.block.to(device)
+        return self
+
+    def sync_gradients(self, world: int) -> None:
+        """Average the symmetry parameters' gradients over the processes (what DDP does for PathLoss)."""
+        if world == 1:
+            return
+        import torch.distributed as dist
+        for p in self.ends.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= world
+
+    def stored_bytes(self) -> tuple[int, int]:
+        """(bytes of frozen endpoint tensors this process stores, bytes of all of them)."""
+        local = total = 0
+        for p in [*self.outside.parameters(), *self.layers.parameters()]:
+            shard = p.to_local() if hasattr(p, "to_local") else p
+            local += shard.numel() * shard.element_size()
+            total += p.numel() * p.element_size()
+        return local, total
+
+    # --- the forward --------------------------------------------------------------------------------
+    def _set_elements(self, device_type: str) -> None:
+        """The group elements of this forward, computed once (fp32, autocast off) and read by every layer."""
+        with torch.autocast(device_type, enabled=False) if self.autocast_dtype else nullcontext():
+            continuous = {k: end._continuous() for k, end in self.ends.items()}
+            device = next(self.ends.parameters()).device
+            if self.relative:
+                relative = relative_continuous(continuous["0"], continuous["1"], self.spec)
+                self.elements = {"1": self.ends["1"].element(relative, device)}
+            else:
+                self.elements = {k: self.ends[k].element(t, device) for k, t in continuous.items()}
+
+    def _outside_state(self, rows: Tensor | None) -> tuple[dict[str, Tensor], float]:
+        """(the model's state dict outside the layers at the current point, its norm eps).  With `rows`, only
+        those token-embedding rows are transformed and interpolated (PathLoss.point)."""
+        key = f"embed.{self.spec.token_embedding}"
+        parts = [frozen.tensors() for frozen in self.outside]
+        first_embedding = parts[0].get(key)
+        if rows is not None:
+            parts = [{**p, key: p[key][rows]} for p in parts]
+        eps = [base if k not in self.elements else SymmetryParams.scaled_eps(base, self.elements[k])
+               for k, base in zip(self.keys, self.norm_eps)]
+        parts = [SymmetryParams.apply_outside(p, self.elements[k]) if k in self.elements else p
+                 for k, p in zip(self.keys, parts)]
+        w = self.current_weights
+        point = {name: sum(wk * p[name] for p, wk in zip(parts, w)) for name in parts[0]}
+        if rows is not None:
+            point[key] = first_embedding.index_put((rows,), point[key].to(first_embedding.dtype))
+        state = self.adapter.outside_from_canonical(point, self.config, self.spec)
+        return state, float(sum(wk * e for wk, e in zip(w, eps)))
+
+    def forward(self, inputs: Tensor, labels: Tensor | None, lam) -> Tensor:
+        sparse = self.task == "causal-lm" and self.spec.token_embedding is not None
+        device_type = inputs.device.type
+        self.current_weights = self.weights(lam)
+        self._set_elements(device_type)
+        autocast = torch.autocast(device_type, dtype=self.autocast_dtype) if self.autocast_dtype else nullcontext()
+        with autocast:
+            state, eps = self._outside_state(torch.unique(inputs) if sparse else None)
+            for module, attr in self.norms:
+                setattr(module, attr, eps)
+            return self.task_loss(state, inputs, labels)
+
+
+__all__ = ["LayeredPathLoss", "LayerPoint"]
