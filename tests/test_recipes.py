@@ -207,6 +207,17 @@ def test_set_overrides_and_is_checked(tmp_path, pair, capsys):
     assert code == 2 and "--set expects KEY=VALUE" in err
 
 
+ONE_PROCESS_REFUSES = {"fsdp"}  # a recipe's steps run in one process, where --fsdp is refused (next test)
+
+
+def test_a_recipe_asking_for_fsdp_is_refused_before_it_runs(tmp_path, pair):
+    path = write_recipe(tmp_path, yaml.safe_dump({"models": [str(pair / "model-a"), str(pair / "model-b")],
+                                                  "data": str(pair / "heldout.txt"), "method": "dual",
+                                                  "merge": {"fsdp": True}}))
+    with pytest.raises(recipes.UserError, match="merge.fsdp.*accelerate launch"):
+        recipes.load_recipe(path)
+
+
 def test_every_option_is_a_recipe_key_that_reaches_its_command(tmp_path, pair):
     """The blocks take exactly the fields of the typed options (options.py): each one, set in its block, is
     accepted and comes out of commands() as the flag the real command line parses back to the same value."""
@@ -217,8 +228,8 @@ def test_every_option_is_a_recipe_key_that_reaches_its_command(tmp_path, pair):
         blocks[step] = {}
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            if f.name in keys and default is not None:  # a true/false option is set (to its flag)
-                blocks[step][f.name] = True if isinstance(default, bool) else default
+            if f.name in keys and default is not None and f.name not in ONE_PROCESS_REFUSES:
+                blocks[step][f.name] = True if isinstance(default, bool) else default  # a flag: set
         expected[step] = cls(**blocks[step])
     blocks["push"]["repo_id"] = "someuser/x"
     path = write_recipe(tmp_path, yaml.safe_dump({"models": [str(pair / "model-a"), str(pair / "model-b")],
