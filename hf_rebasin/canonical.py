@@ -124,11 +124,6 @@ class InterpolatedGraph(LazyGraph):
         self.norm_eps = float(sum(w * g.norm_eps for g, w in zip(graphs, self.weights)))
         self.meta = dict(getattr(graphs[0], "meta", {}) or {})
 
-    def _mix(self, parts: list[dict[str, Tensor]], weights: list[float]) -> dict[str, Tensor]:
-        if any(p.keys() != parts[0].keys() for p in parts[1:]):
-            raise ValueError("cannot interpolate canonical graphs of different structure")
-        return {k: sum(w * p[k] for p, w in zip(parts, weights)) for k in parts[0]}
-
     def _used(self):
         """The graphs with a nonzero weight: one of weight 0 adds exactly nothing (the weights are finite, and
         so is every model: sources are checked), so it is not even read (an endpoint reads one model)."""
@@ -137,11 +132,18 @@ class InterpolatedGraph(LazyGraph):
 
     def outside(self) -> dict[str, Tensor]:
         graphs, weights = self._used()
-        return self._mix([g.outside() for g in graphs], weights)
+        return mix([g.outside() for g in graphs], weights)
 
     def layer(self, i: int) -> dict[str, Tensor]:
         graphs, weights = self._used()
-        return self._mix([g.layer(i) for g in graphs], weights)
+        return mix([g.layer(i) for g in graphs], weights)
+
+
+def mix(parts: list[dict[str, Tensor]], weights: list[float]) -> dict[str, Tensor]:
+    """sum_i w_i * parts_i, tensor by tensor (the parts: the same keys, e.g. one layer of each model)."""
+    if any(p.keys() != parts[0].keys() for p in parts[1:]):
+        raise ValueError("cannot interpolate canonical graphs of different structure")
+    return {k: sum(w * p[k] for p, w in zip(parts, weights)) for k in parts[0]}
 
 
 def layer_key(i: int, name: str) -> str:
@@ -193,7 +195,7 @@ def interpolate(graphs: list, weights: list[float]):
         same_spec = dataclasses.replace(other.spec, notes=()) == dataclasses.replace(first.spec, notes=())
         if not same_spec or other.params.keys() != first.params.keys():
             raise ValueError("cannot interpolate canonical graphs of different structure")
-    params = {k: sum(w * g.params[k] for g, w in zip(graphs, weights)) for k in first.params}
+    params = mix([g.params for g in graphs], weights)
     eps = float(sum(w * g.norm_eps for g, w in zip(graphs, weights)))
     return first.replace(params, norm_eps=eps)
 

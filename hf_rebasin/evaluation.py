@@ -119,7 +119,9 @@ def evaluate_points(graphs: list, weights: list[tuple[float, ...]], template: Lo
     device) and refilled, part by part, for every point: one model in memory, never a copy per point.
     Streamed (default: above STREAMED_EVAL_BYTES in fp32): only the tensors outside the layers are filled; each
     decoder layer computes its weights from the graphs when the forward reaches it (layerwise.py), so one layer
-    of the merged model is in memory at a time."""
+    of the merged model is in memory at a time.  The price: every batch of `data` recomputes every layer (reads
+    the aligned models' layers and interpolates them again), so with many batches the path costs more than
+    filling the model once per point."""
     from .sources import canonical_bytes
     if streamed is None:
         streamed = canonical_bytes(graphs[0]) > STREAMED_EVAL_BYTES
@@ -151,7 +153,7 @@ def _evaluate_streamed(graphs, weights, template, data, batch_size, device, prog
         model.load_state_dict(own_tensors(outside), strict=False, assign=True)
         for module, attr in norms:
             setattr(module, attr, point.norm_eps)
-        results.append(evaluate(model.eval(), data, batch_size, device))
+        results.append(evaluate(model, data, batch_size, device))
     return results
 
 

@@ -25,7 +25,7 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor, nn
 
-from ..canonical import Graph
+from ..canonical import Graph, mix
 from ..layerwise import OnDemandLayer, norm_modules, swap_layers
 from .learned import PathOfEnds, stored, strip_parameters
 from .params import SymmetryParams, relative_continuous
@@ -63,8 +63,7 @@ class LayerPoint(OnDemandLayer):
         parts = [frozen.tensors() for frozen in self.ends]
         parts = [owner.ends[k].apply_layer(p, self.i, owner.elements[k]) if k in owner.elements else p
                  for k, p in zip(owner.keys, parts)]
-        point = {name: sum(w * p[name] for p, w in zip(parts, owner.current_weights)) for name in parts[0]}
-        return owner.adapter.layer_from_canonical(point, owner.config, owner.spec, self.i)
+        return owner.adapter.layer_from_canonical(mix(parts, owner.current_weights), owner.config, owner.spec, self.i)
 
 
 class LayeredPathLoss(PathOfEnds):
@@ -162,7 +161,7 @@ class LayeredPathLoss(PathOfEnds):
         parts = [SymmetryParams.apply_outside(p, self.elements[k]) if k in self.elements else p
                  for k, p in zip(self.keys, parts)]
         w = self.current_weights
-        point = {name: sum(wk * p[name] for p, wk in zip(parts, w)) for name in parts[0]}
+        point = mix(parts, w)
         if rows is not None:
             point[key] = first_embedding.index_put((rows,), point[key].to(first_embedding.dtype))
         state = self.adapter.outside_from_canonical(point, self.config, self.spec)

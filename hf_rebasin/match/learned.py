@@ -138,6 +138,11 @@ class PathLoss(PathOfEnds):
         self.__dict__["norms"] = template.adapter.norm_modules(self.model) if graphs[0].spec.scale_exact else []
         self.model_parameters = sum(v.numel() for v in self.graphs["0"].params.values())
 
+    def stored_bytes(self) -> tuple[int, int]:
+        """(bytes of frozen endpoint tensors this process stores, bytes of all of them): the same here."""
+        total = sum(v.numel() * v.element_size() for g in self.graphs.values() for v in g.params.values())
+        return total, total
+
     def to_device(self, device) -> PathLoss:
         self.to(device)
         self.model.to(device)
@@ -326,22 +331,18 @@ def path_loss_for(frames: list[Graph], ends: dict[str, SymmetryParams], template
     device = accelerator.device
     if not (options.gradient_checkpointing or options.fsdp):
         return PathLoss(frames, ends, template, task, dtype).to_device(device)
-    from .layered import LayeredPathLoss
-    if not options.fsdp:
-        return LayeredPathLoss(frames, ends, template, task, dtype,
-                               checkpointing=options.gradient_checkpointing).to_device(device)
     from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh(device.type, (accelerator.num_processes,))
-    return LayeredPathLoss(frames, ends, template, task, dtype, checkpointing=options.gradient_checkpointing,
-                           mesh=mesh)
+
+    from .layered import LayeredPathLoss
+    mesh = init_device_mesh(device.type, (accelerator.num_processes,)) if options.fsdp else None
+    path_loss = LayeredPathLoss(frames, ends, template, task, dtype, checkpointing=options.gradient_checkpointing,
+                                mesh=mesh)
+    return path_loss if mesh is not None else path_loss.to_device(device)  # FSDP placed the shards
 
 
 def endpoint_storage(path_loss) -> dict:
     """Bytes of frozen endpoint tensors one process stores, and of all of them."""
-    if hasattr(path_loss, "stored_bytes"):
-        local, total = path_loss.stored_bytes()
-    else:
-        local = total = sum(v.numel() * v.element_size() for g in path_loss.graphs.values() for v in g.params.values())
+    local, total = path_loss.stored_bytes()
     return {"bytes_per_process": int(local), "bytes_total": int(total)}
 
 
