@@ -123,10 +123,14 @@ def measure(command: list[str], log: Path) -> dict:
         process = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, cwd=REPO)
         done = threading.Event()
 
-        def sample():
+        def sample():  # the peaks so far also go to LOG.mem every 10 s: a run cut short keeps its figures
+            written = start
             while not done.is_set():
                 rss, anon = tree_memory(process.pid)
                 peaks["rss"], peaks["anon"] = max(peaks["rss"], rss), max(peaks["anon"], anon)
+                if time.perf_counter() - written > 10:
+                    written = time.perf_counter()
+                    log.with_suffix(".mem").write_text(json.dumps({"elapsed_s": written - start, **peaks}))
                 time.sleep(0.2)
 
         sampler = threading.Thread(target=sample, daemon=True)

@@ -78,25 +78,33 @@ def _batches(n: int, batch_size: int):
 def evaluate(model: nn.Module, data: EvalData, batch_size: int = 8, device: str = "cpu") -> dict:
     """{"loss": ..., "perplexity" | "accuracy": ...} of one model on the data."""
     model = model.to(device).eval()
-    total_loss, total_count, correct = 0.0, 0, 0
+    totals = [0.0, 0, 0]
     for part in _batches(len(data.inputs), batch_size):
-        x = data.inputs[part].to(device)
-        if data.task == "causal-lm":
-            logits = model(input_ids=x).logits[:, :-1].float()
-            target = x[:, 1:]
-            total_loss += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                                reduction="sum"))
-            total_count += target.numel()
-        else:
-            logits = model(x).float()
-            y = data.labels[part].to(device)
-            total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
-            correct += int((logits.argmax(-1) == y).sum())
-            total_count += len(y)
-    loss = total_loss / total_count
+        _add_batch(totals, model, data, part, device)
+    return _metrics(totals, data.task)
+
+
+def _add_batch(totals: list, model: nn.Module, data: EvalData, part: slice, device: str) -> None:
+    """Add one batch's summed loss, its count and its correct predictions to totals [loss, count, correct]."""
+    x = data.inputs[part].to(device)
     if data.task == "causal-lm":
+        logits = model(input_ids=x).logits[:, :-1].float()
+        target = x[:, 1:]
+        totals[0] += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum"))
+        totals[1] += target.numel()
+    else:
+        logits = model(x).float()
+        y = data.labels[part].to(device)
+        totals[0] += float(F.cross_entropy(logits, y, reduction="sum"))
+        totals[2] += int((logits.argmax(-1) == y).sum())
+        totals[1] += len(y)
+
+
+def _metrics(totals: list, task: str) -> dict:
+    loss = totals[0] / totals[1]
+    if task == "causal-lm":
         return {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
-    return {"loss": loss, "accuracy": correct / total_count}
+    return {"loss": loss, "accuracy": totals[2] / totals[1]}
 
 
 def simplex_lattice(n: int, resolution: int) -> list[tuple[float, ...]]:
@@ -110,6 +118,7 @@ def lambda_grid(points: int) -> list[float]:
 
 
 STREAMED_EVAL_BYTES = 2**30  # a merged model larger than this in fp32 is evaluated layer by layer
+CARRIED_BYTES = 2**30  # layer by layer: the layer outputs kept between layers, for a group of batches at most
 
 
 def evaluate_points(graphs: list, weights: list[tuple[float, ...]], template: Loaded, data: EvalData,
@@ -118,10 +127,9 @@ def evaluate_points(graphs: list, weights: list[tuple[float, ...]], template: Lo
     """Metrics of the merged model sum_i w_i graph_i at every weight vector.  One model is built (on the meta
     device) and refilled, part by part, for every point: one model in memory, never a copy per point.
     Streamed (default: above STREAMED_EVAL_BYTES in fp32): only the tensors outside the layers are filled; each
-    decoder layer computes its weights from the graphs when the forward reaches it (layerwise.py), so one layer
-    of the merged model is in memory at a time.  The price: every batch of `data` recomputes every layer (reads
-    the aligned models' layers and interpolates them again), so with many batches the path costs more than
-    filling the model once per point."""
+    decoder layer's weights are computed from the graphs once per point and run on every batch before the next
+    layer is computed (layer-major: the batches' outputs between layers are kept, CARRIED_BYTES at most, in
+    groups of batches beyond that), so one layer of the merged model is in memory at a time."""
     from .sources import canonical_bytes
     if streamed is None:
         streamed = canonical_bytes(graphs[0]) > STREAMED_EVAL_BYTES
@@ -141,7 +149,7 @@ def _evaluate_streamed(graphs, weights, template, data, batch_size, device, prog
     from .layerwise import GraphLayer, norm_modules, swap_layers
     from .models import own_tensors
     adapter, spec = template.adapter, graphs[0].spec
-    holder = SimpleNamespace(graph=None)
+    holder = SimpleNamespace(graph=None, stage=None)
     model = build(interpolate(graphs, list(weights[0])), template).eval()
     layers = swap_layers(model, adapter, spec.n_layers,
                          lambda i, block, prefix: GraphLayer(i, block, prefix, holder, template))
@@ -153,8 +161,56 @@ def _evaluate_streamed(graphs, weights, template, data, batch_size, device, prog
         model.load_state_dict(own_tensors(outside), strict=False, assign=True)
         for module, attr in norms:
             setattr(module, attr, point.norm_eps)
-        results.append(evaluate(model, data, batch_size, device))
+        results.append(_evaluate_layer_major(model, layers, holder, data, batch_size, device))
     return results
+
+
+@torch.no_grad()
+def _evaluate_layer_major(model, layers, holder, data: EvalData, batch_size: int, device: str) -> dict:
+    """evaluate() of a model whose layers are GraphLayers, one layer at a time over a group of batches: each
+    layer's weights are computed once per group, not once per batch (the same operations on the same weights as
+    evaluate(): the same result).  A group holds as many batches as fit their layer outputs in CARRIED_BYTES."""
+    from .layerwise import Stage, StopForward
+
+    def forward(part: slice) -> None:
+        try:
+            model(input_ids=data.inputs[part].to(device)) if data.task == "causal-lm" else \
+                model(data.inputs[part].to(device))
+        except StopForward:
+            return
+        raise AssertionError("the staged forward ran past its layer")
+
+    model = model.to(device).eval()
+    parts, totals, start = list(_batches(len(data.inputs), batch_size)), [0.0, 0, 0], 0
+    try:
+        while start < len(parts):
+            holder.stage = stage = Stage()
+            end = None  # fixed once the first batch's first layer output is measured
+            for layer in layers:
+                stage.layer, stage.weights = layer.i, layer.local_state(device)
+                stage.batch = start
+                while end is None or stage.batch < end:
+                    forward(parts[stage.batch])
+                    if end is None:
+                        fits = CARRIED_BYTES // max(1, _bytes(stage.carried[start]))
+                        end = min(len(parts), start + max(1, fits))
+                    stage.batch += 1
+            stage.layer, stage.weights = len(layers), None
+            for stage.batch in range(start, end):
+                _add_batch(totals, model, data, parts[stage.batch], device)
+            start = end
+    finally:
+        holder.stage = None
+    return _metrics(totals, data.task)
+
+
+def _bytes(output) -> int:
+    """Bytes of the tensors in a layer's output (a tensor, or a tuple holding tensors)."""
+    if isinstance(output, torch.Tensor):
+        return output.numel() * output.element_size()
+    if isinstance(output, (tuple, list)):
+        return sum(_bytes(x) for x in output)
+    return 0
 
 
 def worst_excess(weights: list[tuple[float, ...]], losses: list[float], endpoint_loss: list[float]):

@@ -86,7 +86,13 @@ def norm_modules(adapter, model: nn.Module, layers: list[OnDemandLayer]) -> list
 
 
 class GraphLayer(OnDemandLayer):
-    """Layer i of whatever canonical graph `holder.graph` is when the forward reaches it (computed then)."""
+    """Layer i of whatever canonical graph `holder.graph` is when the forward reaches it (computed then).
+
+    With `holder.stage` set (a `Stage`), the model is driven one layer at a time over many batches
+    (evaluation.py): layers before `stage.layer` return what the stage carries for the batch (the output of the
+    layer before, computed by an earlier forward), layer `stage.layer` runs on the weights the stage holds,
+    stores its output and stops the forward; with stage.layer = the number of layers, every layer returns the
+    carried output and the forward goes on to the final norm and head."""
 
     def __init__(self, i: int, block: nn.Module, prefix: str, holder, template):
         super().__init__(i, block, prefix)
@@ -97,5 +103,27 @@ class GraphLayer(OnDemandLayer):
         graph, template = self.holder.graph, self.template
         return template.adapter.layer_from_canonical(graph.layer(self.i), template.config, graph.spec, self.i)
 
+    def forward(self, *args, **kwargs):
+        stage = getattr(self.holder, "stage", None)
+        if stage is None:
+            return super().forward(*args, **kwargs)
+        if self.i < stage.layer:
+            return stage.carried[stage.batch]
+        from torch.func import functional_call
+        stage.carried[stage.batch] = functional_call(self.block, stage.weights, args, kwargs, strict=True)
+        raise StopForward
 
-__all__ = ["GraphLayer", "OnDemandLayer", "norm_modules", "swap_layers"]
+
+class StopForward(Exception):
+    """Raised by the layer a `Stage` runs, once its output is stored: the rest of the forward is not needed."""
+
+
+class Stage:
+    """Which layer the forward of `batch` runs (`weights`: its local state dict), and the output of the last layer
+    run for every batch."""
+
+    def __init__(self):
+        self.layer, self.batch, self.weights, self.carried = 0, 0, None, {}
+
+
+__all__ = ["GraphLayer", "OnDemandLayer", "Stage", "StopForward", "norm_modules", "swap_layers"]

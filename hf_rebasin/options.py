@@ -293,6 +293,22 @@ class PushOptions:
             raise OptionError("; ".join(problems))
 
 
+@dataclass
+class TokenizeOptions:
+    """What `tokenize` takes besides DATA, --model and --out."""
+
+    text_field: str = option("text", "text field of .jsonl / datasets rows")
+    split: str | None = option(None, "split of a datasets spec without one (default: train for local loaders, test "
+                               "for Hub datasets, as for --data)")
+    max_tokens: int | None = option(None, "stop after this many tokens (default: all)", low=1)
+    force: bool = option(False, "replace an existing --out")
+
+    def check(self) -> None:
+        problems = range_problems(self)
+        if problems:
+            raise OptionError("; ".join(problems))
+
+
 # --- the generic machinery: ranges, argparse, recipes --------------------------------------------------
 
 def fields_of(cls) -> list[dataclasses.Field]:

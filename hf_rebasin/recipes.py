@@ -8,6 +8,12 @@ types and ranges of the typed options (hf_rebasin/options.py), so a new option i
 and a bad value is refused before anything runs. Every step runs the ordinary command (``hf-rebasin merge
 ...``), so ``--dry-run`` shows exactly what would happen and any step can be repeated by hand.
 
+Learned matching at a real budget: a `tokenize` block (data, out, and the options of ``hf-rebasin tokenize``)
+writes the training token file before the merge (kept when it exists for the same data and tokenizer) and is
+the merge's ``train_data``; ``launch: {num_processes: N}`` runs the merge under ``accelerate launch`` over N
+processes (GPUs), data parallel or, with ``merge.fsdp``, sharded.  The dry run prints the training budget:
+tokens, flop and the GPU hours they imply (an estimate from arithmetic, hf_rebasin/budget.py).
+
 Relative paths in a recipe are taken from the folder that holds it. The bundled recipes ship inside the
 package: their inputs (the example pair) are taken from the package's assets folder, their output folder
 from the current folder."""
@@ -23,7 +29,16 @@ import yaml
 
 from .assets import asset, recipes_dir
 from .errors import OptionError, UserError
-from .options import EvalOptions, MergeOptions, PushOptions, device_problems, option_table, range_problems
+from .options import (
+    EvalOptions,
+    MergeOptions,
+    PushOptions,
+    TokenizeOptions,
+    device_problems,
+    option_table,
+    range_problems,
+)
+from .token_files import TOKEN_FILE_SUFFIX
 
 RECIPES_DIR = recipes_dir()
 SUFFIXES = (".yaml", ".yml")
@@ -40,12 +55,20 @@ FIELDS = {  # top-level field -> (YAML type, what it means)
     "out": (str, "output folder (default runs/recipes/NAME)"),
     "paper": (dict, "published numbers to compare with: source, barrier {method: nats}, note"),
     "prepare": (str, "the command that creates the recipe's local inputs (shown when they are missing)"),
+    "tokenize": (dict, "a training token file made before the merge (`hf-rebasin tokenize`, with the first model's "
+                       "tokenizer): data (a text spec), out (FILE.npy), tokenize's options; merge.train_data is it"),
+    "launch": (dict, "num_processes: N runs the merge under `accelerate launch` over N processes (GPUs): data "
+                     "parallel, or sharded with merge.fsdp"),
 }
+LAUNCH_FIELDS = {"num_processes": int}
 PAPER_FIELDS = {"source": str, "barrier": dict, "note": str}
-STEPS = ("merge", "eval", "push")
-OPTIONS = {"merge": MergeOptions, "eval": EvalOptions, "push": PushOptions}  # the options each block holds
+STEPS = ("tokenize", "merge", "eval", "push")
+OPTIONS = {"tokenize": TokenizeOptions, "merge": MergeOptions, "eval": EvalOptions,
+           "push": PushOptions}  # the options each block holds
 # keys of a step's command that a recipe sets elsewhere (or not at all), with where they belong
 NOT_IN_BLOCK = {
+    "tokenize": {"force": "is decided by the run: a token file made from the same data with the same tokenizer is "
+                          "kept, another one is refused"},
     "merge": {"models": "is the top-level field `models`", "method": "is the top-level field `method`",
               "data": "is the top-level field `data`", "out": "is the top-level field `out`",
               "force": "is the --force option of `hf-rebasin run`",
@@ -54,7 +77,8 @@ NOT_IN_BLOCK = {
     "eval": {"dir": "is the top-level field `out`"},
     "push": {"dir": "is the top-level field `out`"},
 }
-REQUIRED_IN_BLOCK = {"push": ("repo_id",)}  # set in the block, but not options: arguments of the command
+# set in the block, but not options: arguments of the command
+REQUIRED_IN_BLOCK = {"push": ("repo_id",), "tokenize": ("data", "out")}
 # options that name local paths (resolved like the recipe's other paths): a data spec that may be a path,
 # an input that must exist, or an output folder that the step creates
 PATH_OPTIONS = {("merge", "match_data"): "data", ("merge", "train_data"): "data", ("merge", "resume"): "input",
@@ -207,7 +231,23 @@ def step_options(fields: dict, step: str):
               for key, value in (fields.get(step) or {}).items() if key in options and value is not None}
     if step == "merge":
         values.update(method=fields.get("method") or "wm", data=fields.get("data"))
+        block = fields.get("tokenize")
+        if trains(fields) and isinstance(block, dict) and isinstance(block.get("out"), str):
+            values["train_data"] = block["out"]
     return OPTIONS[step](**values)
+
+
+def trains(fields: dict) -> bool:
+    """Whether the recipe's method learns (lm, dual): only then is a `tokenize` block run."""
+    from .match import METHODS
+    method = METHODS.get(fields.get("method") or "wm")
+    return bool(method and method.learned)
+
+
+def num_processes(fields: dict) -> int:
+    launch = fields.get("launch")
+    value = launch.get("num_processes") if isinstance(launch, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
 def in_recipe_terms(step: str, text: str) -> str:
@@ -221,7 +261,7 @@ def in_recipe_terms(step: str, text: str) -> str:
     return re.sub(rf"(?<![\w-])(?:{pattern})(?![\w-])", field_name, text)
 
 
-def option_problems(step: str, options, n_models: int | None = None) -> list[str]:
+def option_problems(step: str, options, n_models: int | None = None, processes: int = 1) -> list[str]:
     """options.py's checks of a step's options in recipe terms: without n_models each value out of its range,
     choices or devices (one problem each); with it, also what the step's own check refuses (values that do not
     go together, one line), so that it is found before anything runs."""
@@ -230,7 +270,7 @@ def option_problems(step: str, options, n_models: int | None = None) -> list[str
         problems += device_problems(options.device, f"`{step}.device`")
     if n_models is not None and not problems:
         try:
-            options.check(n_models=n_models) if step == "merge" else options.check()
+            options.check(n_models=n_models, num_processes=processes) if step == "merge" else options.check()
         except OptionError as error:
             problems = [str(error)]
     return [in_recipe_terms(step, p) for p in problems]
@@ -242,6 +282,25 @@ def check_paper(paper: dict) -> list[str]:
     if isinstance(paper.get("barrier"), dict):
         problems += [type_problem(f"paper.barrier.{m}", v, float) for m, v in paper["barrier"].items()]
     return [p for p in problems if p]
+
+
+def check_launch(launch: dict) -> list[str]:
+    problems = [unknown_key("in `launch`: ", key, LAUNCH_FIELDS) for key in launch if key not in LAUNCH_FIELDS]
+    value = launch.get("num_processes")
+    if value is not None and (type_problem("launch.num_processes", value, int) or value < 1):
+        problems.append(type_problem("launch.num_processes", value, int) or
+                        f"`launch.num_processes` must be at least 1, got {value}")
+    return problems
+
+
+def check_tokenize(fields: dict) -> list[str]:
+    block, problems = fields["tokenize"], []
+    if isinstance(block.get("out"), str) and not block["out"].endswith(TOKEN_FILE_SUFFIX):
+        problems.append(f"`tokenize.out` must name a {TOKEN_FILE_SUFFIX} file (a token file), got {block['out']!r}")
+    if isinstance(fields.get("merge"), dict) and fields["merge"].get("train_data") is not None:
+        problems.append("`merge.train_data` and the `tokenize` block both name the training data: drop one "
+                        "(with a `tokenize` block the merge trains on tokenize.out)")
+    return problems
 
 
 def check_fields(fields: dict) -> list[str]:
@@ -269,8 +328,17 @@ def check_fields(fields: dict) -> list[str]:
         problems += check_block(step, fields.get(step) or {}) or option_problems(step, step_options(fields, step))
     if isinstance(fields.get("paper"), dict):
         problems += check_paper(fields["paper"])
+    if isinstance(fields.get("launch"), dict):
+        problems += check_launch(fields["launch"])
+    if isinstance(fields.get("tokenize"), dict):
+        problems += check_tokenize(fields)
+    if isinstance(fields.get("merge"), dict) and fields["merge"].get("fsdp") and num_processes(fields) == 1:
+        problems.append("`merge.fsdp` shards the endpoints over the processes of the merge, and this recipe runs it in "
+                        "one: set `launch.num_processes` to the number of GPUs (launch: {num_processes: 4}), or "
+                        "drop merge.fsdp")
     if not problems:  # every value is in range: what the steps' own checks refuse, found before anything runs
-        problems = [p for step in blocks for p in option_problems(step, step_options(fields, step), len(models))]
+        problems = [p for step in blocks
+                    for p in option_problems(step, step_options(fields, step), len(models), num_processes(fields))]
     return problems
 
 
@@ -329,6 +397,12 @@ class Recipe:
     def block(self, step: str) -> dict | None:
         return self.fields.get(step) if step != "merge" else (self.fields.get("merge") or {})
 
+    @property
+    def token_file(self) -> Path | None:
+        """The token file the `tokenize` step writes (None: no such step, or a method that does not learn)."""
+        block = self.fields.get("tokenize")
+        return local_path(block["out"], self.out_base) if block is not None and trains(self.fields) else None
+
 
 def load_recipe(source: str | Path, overrides: list[str] = (), *, check_paths: bool = True) -> Recipe:
     """Read and check a recipe; every problem found is reported in one UserError."""
@@ -357,7 +431,8 @@ def missing_paths(recipe: Recipe) -> list[str]:
         if path is not None and not path.is_dir():
             problems.append(f"`models[{i}]`: the local model folder {shown_as} does not exist {where}"
                             if not path.exists() else f"`models[{i}]`: {shown_as} is a file, not a model folder")
-    checks = [("data", "data", recipe.fields.get("data"))]
+    checks = [("data", "data", recipe.fields.get("data")),
+              ("tokenize.data", "data", (recipe.fields.get("tokenize") or {}).get("data"))]
     checks += [(f"{step}.{key}", kind, (recipe.block(step) or {}).get(key))
                for (step, key), kind in PATH_OPTIONS.items()]
     for label, kind, text in checks:
@@ -385,15 +460,70 @@ def option_argv(recipe: Recipe, step: str) -> list[str]:
 
 
 def commands(recipe: Recipe, force: bool = False) -> dict[str, list[str]]:
-    """The argv of `hf-rebasin` for each step the recipe has: {"merge": [...], "eval": [...], "push": [...]}."""
+    """The argv of `hf-rebasin` for each step the recipe has: {"tokenize": [...], "merge": [...], "eval": [...],
+    "push": [...]} (the merge is launched by `launcher(recipe)`)."""
     fields, out = recipe.fields, shown(recipe.out)
-    merge = ["merge", *(resolve_path("model", m, recipe.base)[0] for m in fields["models"]),
-             "--method", fields.get("method") or "wm"]
+    models = [resolve_path("model", m, recipe.base)[0] for m in fields["models"]]
+    steps, merge = {}, ["merge", *models, "--method", fields.get("method") or "wm"]
     if fields.get("data"):
         merge += ["--data", resolve_path("data", fields["data"], recipe.base)[0]]
-    steps = {"merge": [*merge, *option_argv(recipe, "merge"), "--out", out, *(["--force"] if force else [])]}
+    if recipe.token_file is not None:
+        block = recipe.block("tokenize")
+        steps["tokenize"] = ["tokenize", resolve_path("data", block["data"], recipe.base)[0], "--model", models[0],
+                             "--out", shown(recipe.token_file), *option_argv(recipe, "tokenize")]
+        merge += ["--train-data", shown(recipe.token_file)]
+    steps["merge"] = [*merge, *option_argv(recipe, "merge"), "--out", out, *(["--force"] if force else [])]
     if recipe.block("eval") is not None:
         steps["eval"] = ["eval", out, *option_argv(recipe, "eval")]
     if recipe.block("push") is not None:
         steps["push"] = ["push", out, recipe.block("push")["repo_id"], *option_argv(recipe, "push")]
     return steps
+
+
+def launcher(recipe: Recipe) -> list[str]:
+    """What runs the merge step's argv: [] (hf-rebasin itself, in this process), or `accelerate launch` over
+    launch.num_processes processes (the flags the README gives for one machine; `ACCELERATE_USE_CPU=true` runs them
+    on CPUs)."""
+    n = num_processes(recipe.fields)
+    if n == 1:
+        return []
+    return ["accelerate", "launch", "--multi_gpu", "--num_processes", str(n), "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "hf_rebasin.cli"]
+
+
+def token_file_problem(recipe: Recipe) -> str | None:
+    """Why an existing token file cannot be kept for this recipe (None: none exists, or it holds what the tokenize
+    step would write: the same data, text field, split and cap, with the first model's tokenizer)."""
+    import json
+
+    from .token_files import metadata_path
+    path = recipe.token_file
+    if path is None or not path.exists():
+        return None
+    block, meta_file = recipe.block("tokenize"), metadata_path(path)
+    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    data = resolve_path("data", block["data"], recipe.base)[0]
+    wanted = {"source": data, "tokenizer": resolve_path("model", recipe.fields["models"][0], recipe.base)[0],
+              "text_field": block.get("text_field") or "text", "split": block.get("split"),
+              "max_tokens": block.get("max_tokens")}
+    found = {key: meta.get(key) for key in wanted}
+    same_place = lambda x: Path(x).resolve() if isinstance(x, str) and Path(x).exists() else x  # noqa: E731
+    if all(same_place(found[key]) == same_place(wanted[key]) for key in wanted):
+        return None
+    return (f"the token file {shown(path)} exists but was not made by this recipe's `tokenize` block (it holds "
+            f"{found}, the block asks for {wanted}): delete it, or set tokenize.out to another file")
+
+
+def budget(recipe: Recipe):
+    """The learned-matching budget of the recipe (hf_rebasin/budget.py), or a string saying why it is unknown."""
+    from .budget import training_budget
+    if not trains(recipe.fields):
+        return None
+    options = step_options(recipe.fields, "merge")
+    model = resolve_path("model", recipe.fields["models"][0], recipe.base)[0]
+    try:
+        return training_budget(model, options.steps, options.learn_batch_size, options.seq_len,
+                               num_processes(recipe.fields), options.gradient_checkpointing)
+    except Exception as error:  # noqa: BLE001 - the config cannot be read here (offline, no such folder)
+        reason = " ".join(str(error).split())
+        return f"unknown until the config of {model} can be read ({type(error).__name__}: {reason})"

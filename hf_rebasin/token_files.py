@@ -177,7 +177,7 @@ def write_token_file(spec: str, tokenizer, out: str | Path, *, text_field: str =
             while chunk := source.read(1 << 24):
                 target.write(chunk)
         record = {"format": "hf-rebasin-tokens/1", "source": str(spec), "text_field": text_field, "split": split,
-                  "tokenizer": tokenizer_name, "vocab_size": vocab_size,
+                  "max_tokens": max_tokens, "tokenizer": tokenizer_name, "vocab_size": vocab_size,
                   "vocabulary_digest": vocabulary_digest(tokenizer), "eos_token_id": tokenizer.eos_token_id,
                   "dtype": dtype.name, "tokens": count}
         meta_partial.write_text(json.dumps(record, indent=1) + "\n")

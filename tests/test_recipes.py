@@ -19,7 +19,7 @@ from hf_rebasin import recipes, tiny
 from hf_rebasin.assets import asset, example_pair
 from hf_rebasin.cli import build_parser, main
 from hf_rebasin.match import METHODS
-from hf_rebasin.options import EvalOptions, MergeOptions, PushOptions, from_namespace, option_table
+from hf_rebasin.options import EvalOptions, MergeOptions, PushOptions, TokenizeOptions, from_namespace, option_table
 
 TABLE_5_PAIRS = {  # Li & Shen Table 5 (ViT-L left out: timm has no augreg_in1k twin) + the from-scratch pairs
     **{f"pythia-{s}": (f"EleutherAI/pythia-{s}", f"EleutherAI/pythia-{s}-deduped")
@@ -30,6 +30,8 @@ TABLE_5_PAIRS = {  # Li & Shen Table 5 (ViT-L left out: timm has no augreg_in1k 
     "vit-base": ("timm/vit_base_patch16_224.augreg_in21k_ft_in1k", "timm/vit_base_patch16_224.augreg_in1k"),
     "example-stdlib": ("example-pair/model-a", "example-pair/model-b"),
 }
+LEARNED_RECIPES = {"pythia-1b", "pythia-1.4b", "pythia-2.8b", "pythia-6.9b", "fineweb-edu-pile",
+                   "olmo-7b-twin"}  # the pairs of 1B parameters and more
 LOCAL_BENCHMARK_PAIRS = {name: (f"../../runs/pairs/{name}/model-a", f"../../runs/pairs/{name}/model-b")
                          for name in ("gpt2-shakespeare", "neox-shakespeare", "vit-digits")}
 EXAMPLE_PAIR = example_pair()
@@ -99,6 +101,17 @@ def test_bundled_recipe_validates_and_builds_valid_commands(name, monkeypatch, t
         assert Path(evaluated.dir).resolve() == Path(merge.out).resolve()
         assert evaluated.tasks == "piqa,sciq,arc_easy" and evaluated.endpoints
     assert "push" not in steps  # a bundled recipe never uploads to somebody's account by default
+    if name in LEARNED_RECIPES:  # Li & Shen's budget, on a token file written first with the first model's tokenizer
+        assert recipe.fields["method"] == "dual"
+        tokenize = parser.parse_args(steps["tokenize"])
+        assert tokenize.model == hub_ids[0] and merge.train_data == tokenize.out
+        assert (merge.steps, merge.learn_batch_size, merge.seq_len) == (20000, 16, 512)
+        assert tokenize.max_tokens >= merge.steps * merge.learn_batch_size * merge.seq_len
+        processes = recipes.num_processes(recipe.fields)
+        assert merge.fsdp == (processes > 1) and recipes.launcher(recipe)[:2] == (["accelerate", "launch"]
+                                                                                   if processes > 1 else [])
+    else:
+        assert "tokenize" not in steps
 
 
 def test_example_recipe_reads_the_packaged_pair():
@@ -207,15 +220,121 @@ def test_set_overrides_and_is_checked(tmp_path, pair, capsys):
     assert code == 2 and "--set expects KEY=VALUE" in err
 
 
-ONE_PROCESS_REFUSES = {"fsdp"}  # a recipe's steps run in one process, where --fsdp is refused (next test)
+ONE_PROCESS_REFUSES = {"fsdp"}  # refused without launch.num_processes > 1 (next test)
 
 
-def test_a_recipe_asking_for_fsdp_is_refused_before_it_runs(tmp_path, pair):
-    path = write_recipe(tmp_path, yaml.safe_dump({"models": [str(pair / "model-a"), str(pair / "model-b")],
-                                                  "data": str(pair / "heldout.txt"), "method": "dual",
-                                                  "merge": {"fsdp": True}}))
-    with pytest.raises(recipes.UserError, match="merge.fsdp.*accelerate launch"):
+def test_a_recipe_asking_for_fsdp_needs_more_than_one_process(tmp_path, pair):
+    fields = {"models": [str(pair / "model-a"), str(pair / "model-b")], "data": str(pair / "heldout.txt"),
+              "method": "dual", "merge": {"fsdp": True, "learn_batch_size": 8}}
+    path = write_recipe(tmp_path, yaml.safe_dump(fields))
+    with pytest.raises(recipes.UserError, match="merge.fsdp.*launch.num_processes"):
         recipes.load_recipe(path)
+    assert recipes.load_recipe(path, ["launch.num_processes=2"]).fields["launch"] == {"num_processes": 2}
+    # the options' own checks see the processes: the batch must divide among them
+    with pytest.raises(recipes.UserError, match="not divisible by `merge.grad_accum` .1. × processes .3."):
+        recipes.load_recipe(path, ["launch.num_processes=3"])
+    for bad, message in (("launch.num_processes=0", "`launch.num_processes` must be at least 1, got 0"),
+                         ("launch.gpus=2", "unknown field in `launch`: 'gpus'"),
+                         ("launch=4", "`launch` must be a mapping")):
+        with pytest.raises(recipes.UserError, match=message):
+            recipes.load_recipe(path, [bad])
+
+
+def dual_recipe(tmp_path: Path, pair: Path, extra: str = "") -> Path:
+    """A dual recipe that tokenises its training text first (the first model's tokenizer)."""
+    (tmp_path / "train.txt").write_text(corpus.train_text(30000))
+    block = f"tokenize: {{data: {tmp_path / 'train.txt'}, out: tokens/train.npy, max_tokens: 20000}}\n"
+    return tiny_recipe(tmp_path, pair, block + textwrap.dedent(extra))
+
+
+def test_tokenize_step_and_launch_in_the_dry_run(tmp_path, pair, capsys):
+    path = dual_recipe(tmp_path, pair, "launch: {num_processes: 2}\n")
+    overrides = ["--set", "method=dual", "--set", "merge.steps=3000", "--set", "merge.learn_batch_size=16"]
+    code, out, err = run([path, "--dry-run", *overrides], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    token_file = tmp_path / "tokens" / "train.npy"
+    assert lines[1] == (f"hf-rebasin tokenize {tmp_path / 'train.txt'} --model {pair / 'model-a'} --out {token_file} "
+                        "--max-tokens 20000")
+    assert lines[2].startswith("accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no "
+                               "--dynamo_backend no -m hf_rebasin.cli merge ")
+    merge = build_parser().parse_args(shlex.split(lines[2].split(" -m hf_rebasin.cli ")[1]))
+    assert merge.train_data == str(token_file) and merge.method == "dual" and merge.steps == 3000
+    from hf_rebasin.budget import TrainingBudget
+    from hf_rebasin.describe import describe
+    facts = describe(str(pair / "model-a"))
+    expected = TrainingBudget(facts["parameters"], facts["d_model"], 3000, 16, 32, 2, False)
+    assert expected.tokens == 3000 * 16 * 32
+    assert f"# learned matching: {expected.summary()}" in lines
+    assert "1,536,000 training tokens" in out and "h on 2 GPUs" in out
+    assert not token_file.parent.exists()  # a dry run writes nothing
+    code, out, _ = run([path, "--dry-run"], capsys)  # method wm: nothing to train on, no budget
+    assert "# tokenize: skipped (method wm does not train)" in out and "--train-data" not in out
+    assert "learned matching" not in out
+    code, out, _ = run([path, "--dry-run", *overrides, "--skip-merge"], capsys)  # nothing would read the file
+    assert "# tokenize: skipped (the merge is skipped)" in out and "hf-rebasin tokenize" not in out
+    with pytest.raises(recipes.UserError, match="both name the training data"):
+        recipes.load_recipe(path, ["merge.train_data=other.npy"])
+    with pytest.raises(recipes.UserError, match="`tokenize.out` must name a .npy file"):
+        recipes.load_recipe(path, ["tokenize.out=tokens.bin"])
+
+
+def test_an_existing_token_file_is_kept_only_when_it_holds_what_the_block_asks(tmp_path, pair, capsys):
+    import hf_rebasin
+    path = dual_recipe(tmp_path, pair)
+    recipe = recipes.load_recipe(path, ["method=dual"])
+    hf_rebasin.tokenize(str(tmp_path / "train.txt"), str(pair / "model-a"), recipe.token_file, max_tokens=20000,
+                        progress=False)
+    assert recipes.token_file_problem(recipe) is None
+    code, out, _ = run([path, "--dry-run", "--set", "method=dual"], capsys)
+    assert code == 0 and f"# tokenize: skipped ({recipe.token_file} already holds this data" in out
+    assert "\nhf-rebasin tokenize" not in out and f"--train-data {recipe.token_file}" in out
+    for change in ("tokenize.max_tokens=10000", "tokenize.text_field=body", "tokenize.split=test",
+                   f"models=[{pair / 'model-b'}, {pair / 'model-a'}]"):
+        problem = recipes.token_file_problem(recipes.load_recipe(path, ["method=dual", change]))
+        assert "was not made by this recipe's `tokenize` block" in problem, change
+
+
+def test_the_budget_arithmetic():
+    from hf_rebasin.budget import TrainingBudget
+    budget = TrainingBudget(params=10**9, d_model=2048, steps=20000, batch=16, seq_len=512)
+    assert budget.tokens == 163_840_000
+    assert budget.flops == pytest.approx(6e9 * 163_840_000 * (1 + 2 * 2048 / (3 * 8192)))
+    assert budget.gpu_hours == pytest.approx(budget.flops / (154.8e12 * 0.4) / 3600)
+    assert 5.0 < budget.gpu_hours < 5.3  # ≈ 5.1 GPU-hours for a 1B pair at Li & Shen's batch
+    recomputed = TrainingBudget(params=10**9, d_model=2048, steps=20000, batch=16, seq_len=512, checkpointing=True)
+    assert recomputed.flops == pytest.approx(budget.flops * 8 / 6)  # one more forward per step
+
+
+def test_a_recipe_tokenises_then_trains_sharded_over_two_processes(tmp_path, pair, capsys, monkeypatch):
+    """The whole learned-matching recipe on CPUs: the token file is written, the merge runs under `accelerate launch`
+    over two processes with FSDP and trains on it (memory-mapped); a rerun keeps the token file; a token file made
+    from other data is refused before anything runs."""
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    path = dual_recipe(tmp_path, pair, "launch: {num_processes: 2}\n")
+    settings = ["--set", "method=dual", "--set", "merge.steps=4", "--set", "merge.learn_batch_size=4",
+                "--set", "merge.fsdp=true", "--set", "merge.gradient_checkpointing=true", "--set", "merge.lambdas=3",
+                "--set", "merge.eval_every=0"]
+    code, out, err = run([path, *settings], capsys)
+    assert code == 0, err
+    assert "== step 1/2: tokenize: hf-rebasin tokenize" in out and "== step 2/2: merge: accelerate launch" in out
+    token_file = tmp_path / "tokens" / "train.npy"
+    assert json.loads(token_file.with_name("train.npy.json").read_text())["tokens"] == 20000
+    barrier = json.loads((tmp_path / "merged" / "barrier.json").read_text())
+    assert barrier["method"] == "dual"
+    learned = barrier["settings"]
+    assert learned["train_data"]["memory_mapped"] and learned["train_data"]["spec"] == str(token_file)
+    storage = learned["endpoint_storage"]  # FSDP over the two processes: each stores half the endpoints
+    assert learned["num_processes"] == 2
+    assert 0.5 * storage["bytes_total"] <= storage["bytes_per_process"] <= 0.55 * storage["bytes_total"]
+
+    code, out, _ = run([path, "--dry-run", *settings], capsys)
+    assert code == 0 and f"# tokenize: skipped ({token_file} already holds this data" in out
+    (tmp_path / "other.txt").write_text(corpus.train_text(5000))
+    code, out, err = run([path, *settings, "--force", "--set", f"tokenize.data={tmp_path / 'other.txt'}"], capsys)
+    assert code == 2 and "exists but was not made by this recipe's `tokenize` block" in err and "== step" not in out
 
 
 def test_every_option_is_a_recipe_key_that_reaches_its_command(tmp_path, pair):
@@ -232,15 +351,21 @@ def test_every_option_is_a_recipe_key_that_reaches_its_command(tmp_path, pair):
                 blocks[step][f.name] = True if isinstance(default, bool) else default  # a flag: set
         expected[step] = cls(**blocks[step])
     blocks["push"]["repo_id"] = "someuser/x"
+    blocks["tokenize"].update(data=str(pair / "heldout.txt"), out="tokens.npy")
     path = write_recipe(tmp_path, yaml.safe_dump({"models": [str(pair / "model-a"), str(pair / "model-b")],
-                                                  "data": str(pair / "heldout.txt"), "out": "merged", **blocks}))
+                                                  "data": str(pair / "heldout.txt"), "out": "merged",
+                                                  "method": "dual", **blocks}))
     steps, parser = recipes.commands(recipes.load_recipe(path)), build_parser()
     assert "--allow-train-on-eval" in steps["merge"]
     assert "--endpoints" in steps["eval"] and "--exist-ok" in steps["push"]
     merge = from_namespace(MergeOptions, parser.parse_args(steps["merge"]))
     assert merge.checkpoint_dir == str(tmp_path / "runs" / "learned")  # an output folder: from the recipe's folder
-    assert merge == dataclasses.replace(expected["merge"], checkpoint_dir=merge.checkpoint_dir,
-                                        data=str(pair / "heldout.txt"))
+    assert merge == dataclasses.replace(expected["merge"], checkpoint_dir=merge.checkpoint_dir, method="dual",
+                                        data=str(pair / "heldout.txt"), train_data=str(tmp_path / "tokens.npy"))
+    tokenize = parser.parse_args(steps["tokenize"])  # the first model's tokenizer; the file from the recipe's folder
+    assert (tokenize.data, tokenize.model, tokenize.out) == (str(pair / "heldout.txt"), str(pair / "model-a"),
+                                                             str(tmp_path / "tokens.npy"))
+    assert from_namespace(TokenizeOptions, tokenize) == expected["tokenize"]
     assert from_namespace(EvalOptions, parser.parse_args(steps["eval"])) == expected["eval"]
     assert from_namespace(PushOptions, parser.parse_args(steps["push"])) == expected["push"]
 

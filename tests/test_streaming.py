@@ -158,6 +158,35 @@ def test_layer_by_layer_path_evaluation_equals_the_filled_model(kind, tmp_path):
             assert whole["accuracy"] == layered["accuracy"]
 
 
+@pytest.mark.parametrize("kind", ["gpt_neox", "vit"])
+def test_layer_by_layer_evaluation_computes_each_layer_once_per_group_of_batches(kind, tmp_path, monkeypatch):
+    """Layer-major: every layer's weights are computed once per point for all the batches whose outputs fit in
+    CARRIED_BYTES (not once per batch), in groups beyond that; the losses are those of the filled model."""
+    from hf_rebasin import evaluation
+    from hf_rebasin.layerwise import GraphLayer
+    template = models.load(tiny.make_tiny(kind, tmp_path / "a", seed=1))
+    a = models.canonicalise(template)
+    b = models.canonicalise(models.load(tiny.make_tiny(kind, tmp_path / "b", seed=5)))
+    x = torch.cat([tiny.example_inputs(kind, seed=s) for s in range(3)])
+    generator = torch.Generator().manual_seed(0)
+    labels = None if template.task == "causal-lm" else torch.randint(0, a.spec.n_out, (len(x),), generator=generator)
+    data = evaluation.EvalData(template.task, x, labels)
+    weights, batches = [(1.0, 0.0), (0.5, 0.5)], len(x)  # batches of one
+    filled = evaluation.evaluate_points([a, b], weights, template, data, batch_size=1, progress=False, streamed=False)
+    built = []
+    original = GraphLayer.state
+    monkeypatch.setattr(GraphLayer, "state", lambda self: built.append(self.i) or original(self))
+    for carried, groups in ((1 << 30, 1), (1, batches)):  # everything in one group; one batch a group
+        monkeypatch.setattr(evaluation, "CARRIED_BYTES", carried)
+        built.clear()
+        streamed = evaluation.evaluate_points([a, b], weights, template, data, batch_size=1, progress=False,
+                                              streamed=True)
+        assert batches >= 3 and built == list(range(a.spec.n_layers)) * groups * len(weights)
+        for whole, layered in zip(filled, streamed):
+            assert abs(whole["loss"] - layered["loss"]) <= 1e-6 * max(1.0, whole["loss"])
+            assert whole.get("accuracy") == layered.get("accuracy")
+
+
 def test_only_rotated_models_are_spilled_and_only_with_disk_room(tiny_dirs, tmp_path, monkeypatch):
     import shutil
     from collections import namedtuple

@@ -6,7 +6,7 @@ import json
 import shlex
 from pathlib import Path
 
-from ..options import EvalOptions, MergeOptions, PushOptions, add_arguments, from_namespace
+from ..options import EvalOptions, MergeOptions, PushOptions, TokenizeOptions, add_arguments, from_namespace
 
 
 def method_table() -> str:
@@ -173,8 +173,10 @@ def register_eval_and_push(subparsers) -> None:
 
 def run_tokenize(args) -> int:
     from .. import tokenize
-    record = tokenize(args.data, args.model, args.out, text_field=args.text_field, split=args.split,
-                      max_tokens=args.max_tokens, force=args.force)
+    options = from_namespace(TokenizeOptions, args)
+    options.check()
+    record = tokenize(args.data, args.model, args.out, text_field=options.text_field, split=options.split,
+                      max_tokens=options.max_tokens, force=options.force)
     print(f"wrote {args.out}: {record['tokens']:,} tokens ({record['dtype']}) of {args.data}, tokenizer of "
           f"{args.model}; train on it with --train-data {args.out}")
     return 0
@@ -191,12 +193,7 @@ def register_tokenize(subparsers) -> None:
                         help="a .txt file or folder, .jsonl, or a datasets spec NAME[:CONFIG[:SPLIT]]")
     parser.add_argument("--model", required=True, help="the model (Hub id or folder) whose tokenizer to use")
     parser.add_argument("--out", required=True, help="the token file to write (FILE.npy)")
-    parser.add_argument("--text-field", default="text",
-                        help="text field of .jsonl / datasets rows (default %(default)s)")
-    parser.add_argument("--split", help="split of a datasets spec without one (default: train for local loaders, "
-                                        "test for Hub datasets, as for --data)")
-    parser.add_argument("--max-tokens", type=int, help="stop after this many tokens (default: all)")
-    parser.add_argument("--force", action="store_true", help="replace an existing --out")
+    add_arguments(parser, TokenizeOptions)
     parser.set_defaults(func=run_tokenize)
 
 

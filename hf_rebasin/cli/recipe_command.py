@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import subprocess
 import sys
 import traceback
 
@@ -17,8 +18,8 @@ from ..recipes import RECIPE_COPY, STEPS, Recipe, shown
 from . import EXIT_BAD_INPUT, EXIT_INTERRUPTED, main
 
 
-def shell(argv: list[str]) -> str:
-    return "hf-rebasin " + shlex.join(argv)
+def shell(argv: list[str], launcher: list[str] = ()) -> str:
+    return shlex.join([*launcher, *argv]) if launcher else "hf-rebasin " + shlex.join(argv)
 
 
 def print_list() -> int:
@@ -42,11 +43,19 @@ def print_list() -> int:
 def planned(recipe: Recipe, args) -> tuple[dict[str, list[str]], dict[str, str]]:
     """(steps to run, {skipped step: why})."""
     steps = recipes.commands(recipe, force=args.force)
-    skipped = {step: f"the recipe has no `{step}` block" for step in STEPS if step not in steps}
+    skipped = {step: f"the recipe has no `{step}` block" for step in STEPS if step not in steps and step != "tokenize"}
+    if "tokenize" in recipe.fields and "tokenize" not in steps:
+        skipped["tokenize"] = f"method {recipe.fields.get('method') or 'wm'} does not train"
+    elif "tokenize" in steps and recipe.token_file.exists() and recipes.token_file_problem(recipe) is None:
+        del steps["tokenize"]
+        skipped["tokenize"] = f"{shown(recipe.token_file)} already holds this data, tokenised for {steps['merge'][1]}"
     for step in STEPS:
-        if getattr(args, f"skip_{step}") and step in steps:
+        if getattr(args, f"skip_{step}", False) and step in steps:
             del steps[step]
             skipped[step] = f"--skip-{step}"
+    if "tokenize" in steps and "merge" not in steps:  # its file is the merge's training data, and nothing else's
+        del steps["tokenize"]
+        skipped["tokenize"] = "the merge is skipped"
     return steps, skipped
 
 
@@ -66,6 +75,8 @@ def check_before_running(recipe: Recipe, steps: dict, args) -> None:
                             "eval/push using it, or --force to merge again and replace it")
         raise UserError(f"{shown(out)} already exists and is not a merge output: choose another folder "
                         f"(--set out=...) or pass --force to replace it")
+    if "tokenize" in steps and recipes.token_file_problem(recipe):
+        raise UserError(recipes.token_file_problem(recipe))
     if "push" in steps:
         from ..hub import hub_token
         try:
@@ -74,9 +85,11 @@ def check_before_running(recipe: Recipe, steps: dict, args) -> None:
             raise UserError(f"{error}; or pass --skip-push to leave the push out") from error
 
 
-def run_step(number: int, total: int, step: str, argv: list[str]) -> int:
-    """Run one step as the ordinary command, in this process; its exit code."""
-    print(f"== step {number}/{total}: {step}: {shell(argv)}", flush=True)
+def run_step(number: int, total: int, step: str, argv: list[str], launcher: list[str] = ()) -> int:
+    """Run one step as the ordinary command, in this process (or under `accelerate launch`); its exit code."""
+    print(f"== step {number}/{total}: {step}: {shell(argv, launcher)}", flush=True)
+    if launcher:
+        return run_launched(launcher, argv)
     try:
         return int(main(argv) or 0)
     except SystemExit as stop:  # argparse rejected an option value
@@ -86,8 +99,23 @@ def run_step(number: int, total: int, step: str, argv: list[str]) -> int:
         return EXIT_BAD_INPUT
 
 
+def run_launched(launcher: list[str], argv: list[str]) -> int:
+    """The merge under `accelerate launch` (its module, from this interpreter); Ctrl-C reaches the processes too."""
+    assert launcher[:2] == ["accelerate", "launch"]
+    process = subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", *launcher[2:], *argv])
+    try:
+        code = process.wait()
+    except KeyboardInterrupt:
+        process.wait()
+        return EXIT_INTERRUPTED
+    return EXIT_INTERRUPTED if code in (EXIT_INTERRUPTED, -2, 130) else code
+
+
 def failure_message(step: str, argv: list[str], recipe: Recipe, args, steps: dict, code: int) -> str:
     what = "was interrupted" if code == EXIT_INTERRUPTED else "failed (see the error above)"
+    if step == "tokenize":
+        return (f"hf-rebasin run: step tokenize {what}; nothing was written to {shown(recipe.token_file)}. "
+                f"Fix the problem and rerun: {resume_command(args)}")
     if step == "merge":
         return (f"hf-rebasin run: step merge {what}; nothing was written to {shown(recipe.out)}. "
                 f"Fix the problem and rerun: {resume_command(args)}")
@@ -120,6 +148,12 @@ def compare_with_paper(recipe: Recipe) -> None:
           f"this run ({measured['method']}): {measured['barrier']:.2f}")
 
 
+def print_budget(recipe: Recipe) -> None:
+    budget = recipes.budget(recipe)
+    if budget is not None:
+        print(f"# learned matching: {budget if isinstance(budget, str) else budget.summary()}", flush=True)
+
+
 def run_command(args) -> int:
     if args.list:
         return print_list()
@@ -133,13 +167,19 @@ def run_command(args) -> int:
     if args.dry_run:
         print(f"# recipe {shown(recipe.path)} (dry run: nothing is run or written)")
         for step in STEPS:
-            print(shell(steps[step]) if step in steps else f"# {step}: skipped ({skipped[step]})")
+            if step in steps:
+                print(shell(steps[step], recipes.launcher(recipe) if step == "merge" else ()))
+            elif step in skipped:
+                print(f"# {step}: skipped ({skipped[step]})")
+        print_budget(recipe)
         if "merge" in steps and recipe.out.exists() and not args.force:
             print(f"# note: {shown(recipe.out)} exists; the real run needs --force or --skip-merge")
         return 0
     check_before_running(recipe, steps, args)
+    if "merge" in steps:
+        print_budget(recipe)
     for number, (step, argv) in enumerate(steps.items(), start=1):
-        code = run_step(number, len(steps), step, argv)
+        code = run_step(number, len(steps), step, argv, recipes.launcher(recipe) if step == "merge" else ())
         if code:
             print(failure_message(step, argv, recipe, args, steps, code), file=sys.stderr)
             return EXIT_INTERRUPTED if code == EXIT_INTERRUPTED else EXIT_BAD_INPUT
