@@ -99,10 +99,17 @@ class LazyGraph:
     def layer(self, i: int) -> dict[str, Tensor]:
         raise NotImplementedError
 
-    def materialise(self) -> Graph:
-        params = self.outside()
+    def parts(self):
+        """("outside", tensors), then ("layer-00000", tensors), ...: one part computed per step of the iteration,
+        so that a loop over them holds one part at a time (never unpack this into a tuple or list)."""
+        yield "outside", self.outside()
         for i in range(self.spec.n_layers):
-            params.update(self.layer(i))
+            yield f"layer-{i:05d}", self.layer(i)
+
+    def materialise(self) -> Graph:
+        params = {}
+        for _, tensors in self.parts():
+            params.update(tensors)
         return Graph(self.spec, params, self.norm_eps, dict(self.meta))
 
     @property

@@ -175,10 +175,10 @@ class SpilledGraph(LazyGraph):
         self.meta = dict(getattr(graph, "meta", {}) or {})
         self.folder.mkdir(parents=True, exist_ok=True)
         self.shapes = {}
-        for name, part in (("outside", graph.outside()),
-                           *((f"layer-{i:05d}", graph.layer(i)) for i in range(self.spec.n_layers))):
-            save_file(_contiguous(part), str(self.folder / f"{name}.safetensors"))
+        for name, part in graph.parts():
             self.shapes.update({k: tuple(v.shape) for k, v in part.items()})
+            save_file(_contiguous(part), str(self.folder / f"{name}.safetensors"))
+            del part
 
     def _read(self, name: str) -> dict[str, Tensor]:
         from safetensors.torch import load_file
@@ -192,7 +192,11 @@ class SpilledGraph(LazyGraph):
 
 
 def _contiguous(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {k: v.detach().float().contiguous().clone() for k, v in tensors.items()}
+    """fp32, contiguous, storage of its own (what save_file accepts), replaced one tensor at a time so that the
+    part is not held twice."""
+    for k in list(tensors):
+        tensors[k] = tensors[k].detach().float().contiguous().clone()
+    return tensors
 
 
 def canonical_bytes(graph) -> int:
@@ -201,8 +205,7 @@ def canonical_bytes(graph) -> int:
     if shapes is not None:
         return 4 * sum(math.prod(shape) for shape in shapes.values())
     if isinstance(graph, LazyGraph) and "_materialised" not in graph.__dict__:  # part by part, never whole
-        parts = (graph.outside(), *(graph.layer(i) for i in range(graph.spec.n_layers)))
-        return 4 * sum(v.numel() for part in parts for v in part.values())
+        return 4 * sum(v.numel() for _, part in graph.parts() for v in part.values())
     return 4 * sum(v.numel() for v in graph.params.values())
 
 

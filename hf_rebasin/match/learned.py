@@ -230,7 +230,7 @@ def digest_graph(graph) -> str:
     if isinstance(graph, Graph):
         return digest_tensors(graph.params)
     parts = {}
-    for tensors in (graph.outside(), *(graph.layer(i) for i in range(graph.spec.n_layers))):
+    for _, tensors in graph.parts():
         parts.update({key: _tensor_digest_parts(key, value) for key, value in tensors.items()})
     return _combine(parts)
 

@@ -237,9 +237,11 @@ def relative_distance(pa, b, t: Transform) -> float:
     """sum ||A - t(B)||^2 / sum ||A||^2 over all tensors (A a graph or a dict of its tensors), layer by layer."""
     a = pa if hasattr(pa, "layer") else Graph(b.spec, pa, b.norm_eps)
     num = den = 0.0
-    groups = [(a.outside(), {k: rotate_residual(k, v, t) for k, v in b.outside().items()})]
-    groups += [(a.layer(i), transform_layer(b.layer(i), i, b.spec, t)) for i in range(b.spec.n_layers)]
-    for ga, gb in groups:
+    def groups():  # one layer pair at a time
+        yield a.outside(), {k: rotate_residual(k, v, t) for k, v in b.outside().items()}
+        for i in range(b.spec.n_layers):
+            yield a.layer(i), transform_layer(b.layer(i), i, b.spec, t)
+    for ga, gb in groups():
         for k, x in ga.items():
             num += float((x - gb[k]).pow(2).sum(dtype=torch.float64))
             den += float(x.pow(2).sum(dtype=torch.float64))
