@@ -104,7 +104,7 @@ class SourceGraph(LazyGraph):
         loaded.files.check_finite(loaded.source)
 
     def _reader(self) -> StateReader:
-        return StateReader(self.loaded.files, self.loaded.adapter.architecture, self.loaded.source)
+        return StateReader(self.loaded.files, self.loaded.adapter.architecture, self.loaded.source, checked=True)
 
     def outside(self) -> dict[str, Tensor]:
         return self.loaded.adapter.outside_to_canonical(self._reader(), self.loaded.config, self.spec)

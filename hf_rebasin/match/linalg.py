@@ -85,8 +85,8 @@ def balance(left: Tensor, right: Tensor) -> Tensor:
     the same singular values.  Computed from thin QRs, never forming the (n, n) circuit.  A rank-deficient
     factor (a zero head, zero-padded head dims of an embedded narrower model) keeps its null directions: any
     invertible M is exact there, so the zero pivots are replaced by the largest before solving."""
-    ql, rl = torch.linalg.qr(left.double())
-    qr_, rr = torch.linalg.qr(right.double())
+    _, rl = torch.linalg.qr(left.double(), mode="r")
+    _, rr = torch.linalg.qr(right.double(), mode="r")
     pivots = torch.diagonal(rl).abs()
     top = float(pivots.max()) if pivots.numel() else 0.0
     if top == 0.0:
