@@ -3,6 +3,10 @@
     python benchmarks/gpu_check.py                  # on a GPU: Pythia-160M and Pythia-1B configs, 40 dual steps each
     .venv/bin/python benchmarks/gpu_check.py --device cpu --configs 14m --steps 4 --batch 2 --seq 64   # CPU smoke run
 
+First, on the CPU and in seconds, one dual step of every config runs under CUDA's rules (hf_rebasin/cuda_rules.py:
+fake CUDA tensors under CUDA's autocast, the dtype rules and the host syncs of a GPU): a step CUDA would reject
+stops the script before any GPU time is spent, and the step's aten ops, launches and syncs are printed.
+
 For each config: two random-init checkpoints with the exact published Pythia config, stored in fp16 (written
 shard by shard, as in merge_size.py), loaded and canonicalised by the library; then the library's own
 learned-matching loop (`hf_rebasin.match.learned.learn`, the code `--method dual` runs) for --steps steps at
@@ -10,9 +14,9 @@ batch --batch × --seq tokens with --learn-precision bf16 (endpoints stored in b
 AdamW state in fp32, autocast forward), from the identity (random models have nothing for weight matching
 to find, and the check is about the learned step).  Printed per config:
 
-* the median dual step (after two warm-up steps) against a plain forward + backward of one model with
-  trainable fp32 weights under the same autocast at the same batch (what a training step of the model
-  itself costs without its optimiser), and tokens/s of the dual step;
+* the median dual step (after two warm-up steps) against a plain training step of one model with trainable fp32
+  weights under the same autocast at the same batch (forward, backward and the same fused AdamW over all its
+  weights), on the same device, and tokens/s of the dual step;
 * peak memory: torch.cuda.max_memory_allocated of the learned run and of the plain step (peak RSS on CPU);
 * exactness: each model's loss on a held batch, in fp32, before and after applying its learned transform
   (an exact symmetry: the change must be at rounding level, < 1e-3 nats, else the row says CHANGED);
@@ -41,9 +45,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from merge_size import PYTHIA, make_checkpoint  # noqa: E402
 
 from hf_rebasin import models  # noqa: E402
+from hf_rebasin.cuda_rules import check_step  # noqa: E402
 from hf_rebasin.evaluation import EvalData, evaluate  # noqa: E402
 from hf_rebasin.match import Alignment  # noqa: E402
 from hf_rebasin.match.learned import learn  # noqa: E402
+from hf_rebasin.match.train_loop import make_optimizer  # noqa: E402
 from hf_rebasin.options import MergeOptions  # noqa: E402
 from hf_rebasin.symmetry import Transform, apply  # noqa: E402
 
@@ -63,10 +69,12 @@ def peak_gib(device: str) -> float:
 
 
 def plain_step_seconds(loaded, x: torch.Tensor, device: str, precision: str, repeats: int = 5) -> tuple[float, float]:
-    """(median seconds, peak GiB) of forward + backward of one model with trainable weights."""
+    """(median seconds, peak GiB) of a training step of one model with trainable weights: forward, backward and the
+    optimiser learned matching uses (make_optimizer: fused AdamW on CUDA)."""
     model = loaded.backend.load_model(loaded).to(device).train()
     for p in model.parameters():
         p.requires_grad_(True)
+    optimizer = make_optimizer(list(model.parameters()), 1e-5, torch.device(device))
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
@@ -78,11 +86,12 @@ def plain_step_seconds(loaded, x: torch.Tensor, device: str, precision: str, rep
             logits = model(input_ids=x, use_cache=False).logits[:, :-1].float()
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
         loss.backward()
-        model.zero_grad(set_to_none=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         synchronize(device)
         times.append(time.perf_counter() - start)
     peak = peak_gib(device)
-    del model, logits, loss
+    del model, logits, loss, optimizer
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return statistics.median(times[1:]), peak
@@ -114,8 +123,11 @@ def check(name: str, work: Path, args) -> dict:
     stamps: list[float] = []
     start = Alignment([Transform.identity(g.spec) for g in graphs])
     began = time.perf_counter()
-    result = learn(graphs, start, loaded[0], train, None, options, progress=False,
-                   on_step=lambda done, loss: stamps.append(time.perf_counter()))
+    def stamp(done, loss):  # the loop itself never waits for the GPU inside a run of steps: wait here to time them
+        synchronize(args.device)
+        stamps.append(time.perf_counter())
+
+    result = learn(graphs, start, loaded[0], train, None, options, progress=False, on_step=stamp)
     learn_s = time.perf_counter() - began
     step_times = [b - a for a, b in zip(stamps, stamps[1:])][1:]  # the first two steps are warm-up
     dual_s = statistics.median(step_times)
@@ -154,6 +166,15 @@ def main() -> int:
         parser.error("--steps must be at least 4 (two warm-up steps, then the timed ones)")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)
+        for name in args.configs.split(","):  # CUDA's rules first, on the CPU: a step a GPU would reject stops here
+            folders = [make_checkpoint(name, seed, work / f"pythia-{name}-seed{seed}", tokenizer=False)
+                       for seed in (1, 2)]
+            template = models.load(folders[0])
+            graphs = [models.canonicalise(models.load(f)).materialise() for f in folders]
+            counts = check_step(template, graphs, method="dual", layered=args.gradient_checkpointing,
+                                precision=args.precision).total.summary()
+            print(json.dumps({"config": f"pythia-{name}", "simulated_cuda_step": counts}), flush=True)
+            del template, graphs
         rows = []
         for name in args.configs.split(","):
             row = check(name, work, args)

@@ -68,18 +68,28 @@ class Transform:
 
 
 def kv_perm_of(head_perm: Tensor, group_size: int) -> Tensor:
-    """The KV-group permutation a query-head permutation implies; raises if it splits groups."""
+    """The KV-group permutation a query-head permutation implies; raises if it splits groups.  Checked where the
+    values are on the host only (a device would make the host wait: the learned parameters check theirs once,
+    on the host, when they are made)."""
     groups = head_perm.view(-1, group_size) // group_size
-    if groups.device.type != "meta" and not bool((groups == groups[:, :1]).all()):  # (meta has no values)
+    if groups.device.type == "cpu" and not bool((groups == groups[:, :1]).all()):
         raise ValueError("head permutation mixes query heads of different KV groups")
     return groups[:, 0]
 
 
-def _map_heads(x: Tensor, maps: Tensor, head_group: Tensor, head_dim: int) -> Tensor:
-    """x: (..., n * head_dim) with heads on the last axis; maps: (groups, hd, hd); x_h -> x_h M_g(h)."""
+def _per_query_head(maps: Tensor, group_size: int) -> Tensor:
+    """(KV groups, hd, hd) -> (heads, hd, hd): each group's map repeated for its query heads (no index tensor)."""
+    if group_size == 1:
+        return maps
+    groups, hd = maps.shape[0], maps.shape[-1]
+    return maps[:, None].expand(groups, group_size, hd, hd).reshape(groups * group_size, hd, hd)
+
+
+def _map_heads(x: Tensor, maps: Tensor, head_dim: int) -> Tensor:
+    """x: (..., n * head_dim) with heads on the last axis; maps: (n, hd, hd); x_h -> x_h M_h."""
     shape = x.shape
     xh = x.reshape(*shape[:-1], -1, head_dim)
-    return torch.einsum("...hi,hij->...hj", xh, maps[head_group]).reshape(shape)
+    return torch.einsum("...hi,hij->...hj", xh, maps).reshape(shape)
 
 
 def _permute_heads(x: Tensor, perm: Tensor, head_dim: int, dim: int) -> Tensor:
@@ -107,22 +117,27 @@ def transform_layer(params: dict[str, Tensor], i: int, spec: Spec, t: Transform,
                     p[key(f"attn.{name}{suffix}")] = _permute_heads(p[key(f"attn.{name}{suffix}")], heads, hd, -1)
         p[key("attn.o")] = _permute_heads(p[key("attn.o")], perm, hd, 0)
 
-    q_group = torch.arange(spec.n_heads) // gs
-    kv_group = torch.arange(spec.n_kv_heads)
+    # the maps are inverted by inv_ex: invertible by construction, and no error check that would make the host
+    # wait for a GPU; the inverses are small fp32 matrices (CUDA has no bf16 linalg), applied by matmuls, which
+    # autocast runs in its dtype like every other product with the weights
     m = t.per_layer("qk_maps", i)
     if m is not None:
-        m_inv_t = torch.linalg.inv(m).transpose(-1, -2)
-        for name, maps, groups in (("q", m, q_group), ("k", m_inv_t, kv_group)):
+        m_inv_t = torch.linalg.inv_ex(m)[0].transpose(-1, -2)
+        for name, maps in (("q", _per_query_head(m, gs)), ("k", m_inv_t)):
             for suffix in ("", "_bias"):
                 if key(f"attn.{name}{suffix}") in p:
-                    p[key(f"attn.{name}{suffix}")] = _map_heads(p[key(f"attn.{name}{suffix}")], maps, groups, hd)
+                    p[key(f"attn.{name}{suffix}")] = _map_heads(p[key(f"attn.{name}{suffix}")], maps, hd)
     n = t.per_layer("ov_maps", i)
     if n is not None:
         for suffix in ("", "_bias"):
             if key(f"attn.v{suffix}") in p:
-                p[key(f"attn.v{suffix}")] = _map_heads(p[key(f"attn.v{suffix}")], n, kv_group, hd)
+                p[key(f"attn.v{suffix}")] = _map_heads(p[key(f"attn.v{suffix}")], n, hd)
         o = p[key("attn.o")].reshape(spec.n_heads, hd, -1)
-        p[key("attn.o")] = torch.linalg.solve(n[q_group], o).reshape(spec.n_heads * hd, -1)
+        if o.dtype == n.dtype:  # the more accurate solve where the operands share a dtype (no autocast cast)
+            o = torch.linalg.solve_ex(_per_query_head(n, gs), o)[0]
+        else:
+            o = torch.matmul(_per_query_head(torch.linalg.inv_ex(n)[0], gs), o)
+        p[key("attn.o")] = o.reshape(spec.n_heads * hd, -1)
 
     fperm = t.per_layer("ffn_perm", i)
     s = t.per_layer("glu_scale", i)

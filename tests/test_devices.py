@@ -8,7 +8,7 @@ import torch
 
 from hf_rebasin import models, symmetry
 from hf_rebasin.canonical import Graph, interpolate
-from hf_rebasin.match.params import SymmetryParams, relative_continuous
+from hf_rebasin.match.params import SymmetryParams
 
 KINDS = ["gpt_neox", "llama_gqa_tied", "olmo_clip_qkv", "gpt2", "vit"]
 
@@ -33,8 +33,8 @@ def test_a_learned_step_builds_everything_on_the_graphs_device(kind, method, tin
         end.to("meta")
     if method == "dual":  # the single-sided image of the dual path
         a, b = ends["0"], ends["1"]
-        relative = relative_continuous(a._continuous(), b._continuous(), graph.spec)
-        moved = [graph, b.apply(graph, relative)]
+        relative = b.continuous().relative_to(a.continuous())
+        moved = [graph, b.apply(graph, b.element(relative))]
     else:
         moved = [ends[k].apply(graph) if k in ends else graph for k in ("0", "1")]
     point = interpolate(moved, [0.3, 0.7])
@@ -127,8 +127,8 @@ def test_the_layer_by_layer_loss_builds_every_layer_on_the_graphs_device(kind, t
     ends = {"0": SymmetryParams(graph.spec), "1": SymmetryParams(graph.spec, symmetry.random_transform(graph.spec, 1))}
     path_loss = LayeredPathLoss([graph, graph], ends, loaded, loaded.task).to_device("meta")
     path_loss.current_weights = [0.3, 0.7]
-    path_loss._set_elements("cpu")
-    state, _ = path_loss._outside_state(None)
+    path_loss.elements = path_loss.current_elements("cpu")
+    state = path_loss._outside_state(None)
     assert devices(state.values()) == {"meta"}
     for layer in path_loss.layers:
         assert devices(layer.state().values()) == {"meta"}

@@ -25,10 +25,10 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor, nn
 
-from ..canonical import Graph, mix
+from ..canonical import Graph, mix, residual_role
 from ..layerwise import OnDemandLayer, norm_modules, swap_layers
 from .learned import PathOfEnds, stored, strip_parameters
-from .params import SymmetryParams, relative_continuous
+from .params import SymmetryParams
 
 
 class FrozenTensors(nn.Module):
@@ -63,7 +63,8 @@ class LayerPoint(OnDemandLayer):
         parts = [frozen.tensors() for frozen in self.ends]
         parts = [owner.ends[k].apply_layer(p, self.i, owner.elements[k]) if k in owner.elements else p
                  for k, p in zip(owner.keys, parts)]
-        return owner.adapter.layer_from_canonical(mix(parts, owner.current_weights), owner.config, owner.spec, self.i)
+        return owner.adapter.layer_from_canonical(owner.scale_writes(mix(parts, owner.current_weights)), owner.config,
+                                                  owner.spec, self.i)
 
 
 class LayeredPathLoss(PathOfEnds):
@@ -104,6 +105,7 @@ class LayeredPathLoss(PathOfEnds):
         self.__dict__["model"] = model  # not a submodule: its own weights are placeholders
         self.__dict__["norms"] = norm_modules(adapter, model, list(self.layers)) if first.spec.scale_exact else []
         self.elements, self.current_weights, self.sharded = {}, [], mesh is not None
+        self.write_factor = None
         if mesh is not None:
             from torch.distributed.fsdp import fully_shard
             model.to(mesh.device_type)
@@ -137,44 +139,36 @@ class LayeredPathLoss(PathOfEnds):
         return local, total
 
     # --- the forward --------------------------------------------------------------------------------
-    def _set_elements(self, device_type: str) -> None:
-        """The group elements of this forward, computed once (fp32, autocast off) and read by every layer."""
-        with torch.autocast(device_type, enabled=False) if self.autocast_dtype else nullcontext():
-            continuous = {k: end._continuous() for k, end in self.ends.items()}
-            device = next(self.ends.parameters()).device
-            if self.relative:
-                relative = relative_continuous(continuous["0"], continuous["1"], self.spec)
-                self.elements = {"1": self.ends["1"].element(relative, device)}
-            else:
-                self.elements = {k: self.ends[k].element(t, device) for k, t in continuous.items()}
+    def scale_writes(self, point: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The point's tensors with its residual writes times this forward's write factor (eps_and_write_factor)."""
+        factor = self.write_factor
+        if factor is None:
+            return point
+        return {k: v * factor if residual_role(k) == "write" else v for k, v in point.items()}
 
-    def _outside_state(self, rows: Tensor | None) -> tuple[dict[str, Tensor], float]:
-        """(the model's state dict outside the layers at the current point, its norm eps).  With `rows`, only
-        those token-embedding rows are transformed and interpolated (PathLoss.point)."""
+    def _outside_state(self, rows: Tensor | None) -> dict[str, Tensor]:
+        """The model's state dict outside the layers at the current point.  With `rows`, only those token-embedding
+        rows are transformed and interpolated (PathLoss.point)."""
         key = f"embed.{self.spec.token_embedding}"
         parts = [frozen.tensors() for frozen in self.outside]
         first_embedding = parts[0].get(key)
         if rows is not None:
             parts = [{**p, key: p[key][rows]} for p in parts]
-        eps = [base if k not in self.elements else SymmetryParams.scaled_eps(base, self.elements[k])
-               for k, base in zip(self.keys, self.norm_eps)]
         parts = [SymmetryParams.apply_outside(p, self.elements[k]) if k in self.elements else p
                  for k, p in zip(self.keys, parts)]
-        w = self.current_weights
-        point = mix(parts, w)
+        point = self.scale_writes(mix(parts, self.current_weights))
         if rows is not None:
             point[key] = first_embedding.index_put((rows,), point[key].to(first_embedding.dtype))
-        state = self.adapter.outside_from_canonical(point, self.config, self.spec)
-        return state, float(sum(wk * e for wk, e in zip(w, eps)))
+        return self.adapter.outside_from_canonical(point, self.config, self.spec)
 
-    def forward(self, inputs: Tensor, labels: Tensor | None, lam) -> Tensor:
-        sparse = self.task == "causal-lm" and self.spec.token_embedding is not None
+    def forward(self, inputs: Tensor, labels: Tensor | None, lam, rows: Tensor | None = None) -> Tensor:
         device_type = inputs.device.type
         self.current_weights = self.weights(lam)
-        self._set_elements(device_type)
+        self.elements = self.current_elements(device_type)
+        eps, self.write_factor = self.eps_and_write_factor(self.elements, self.norm_eps, self.current_weights)
         autocast = torch.autocast(device_type, dtype=self.autocast_dtype) if self.autocast_dtype else nullcontext()
         with autocast:
-            state, eps = self._outside_state(torch.unique(inputs) if sparse else None)
+            state = self._outside_state((torch.unique(inputs) if rows is None else rows) if self.sparse else None)
             for module, attr in self.norms:
                 setattr(module, attr, eps)
             return self.task_loss(state, inputs, labels)

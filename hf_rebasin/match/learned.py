@@ -38,15 +38,16 @@ elements (small matrices), their gradients and AdamW's state stay fp32.
 from __future__ import annotations
 
 import hashlib
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..canonical import Graph, interpolate
+from ..canonical import Graph, interpolate, residual_role
 from ..errors import OptionError, UserError
-from ..symmetry import apply, compose
-from .params import SymmetryParams, relative_continuous
+from ..symmetry import Transform, apply, compose
+from .params import SymmetryParams
 
 LEARNED_SETTINGS = ("method", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
                     "lambda_dist", "learn_seed", "eval_every", "eval_subset", "holdout", "checkpoint_every",
@@ -100,11 +101,42 @@ class PathOfEnds(nn.Module):
         return weights
 
     @property
+    def sparse(self) -> bool:
+        """Whether the loss takes the batch's distinct token ids (`rows`: only those embedding rows are transformed)."""
+        return self.task == "causal-lm" and self.spec.token_embedding is not None
+
+    @property
     def relative(self) -> bool:
         """Two-model dual with A's element free of permutations: train through the single-sided path with
         t_a^-1 t_b (an exact symmetry image of the dual path, at the cost of one transform)."""
         return (self.n_models == 2 and "0" in self.ends and "1" in self.ends
                 and not self.ends["0"].has_permutations())
+
+    def current_elements(self, device_type: str) -> dict[str, Transform]:
+        """The group elements of this forward by end ("0" .. "N-1"; for the relative dual path only "1", t_a^-1 t_b),
+        computed once, in fp32 even under autocast (their action on bf16 weights runs in the autocast dtype)."""
+        with torch.autocast(device_type, enabled=False) if self.autocast_dtype else nullcontext():
+            continuous = {k: end.continuous() for k, end in self.ends.items()}
+            if self.relative:
+                return {"1": self.ends["1"].element(continuous["1"].relative_to(continuous["0"]))}
+            return {k: self.ends[k].element(c) for k, c in continuous.items()}
+
+    def eps_and_write_factor(self, elements: dict[str, Transform], eps: list[float], weights: list[float]):
+        """(the norm eps the model runs with, a factor for every residual write of the point, or None).
+
+        The residual scale g is exact with the norm eps scaled by g^2, so the point sum_k w_k s_k W_k (s_k the
+        scale of end k, 1 for a frozen one) needs eps_P = sum_k w_k eps_k s_k^2.  With learned (tensor) scales that
+        is a device value the norms cannot take as their (host) eps without a sync; instead the model runs with
+        E = sum_k w_k eps_k and every write of the point is divided by r = sqrt(eps_P / E): every read of the
+        stream is through a norm, and norm(x / r; E) = x / sqrt(mean(x^2) + E r^2) = norm(x; eps_P), exactly."""
+        scales = [elements[k].scale if k in elements else 1.0 for k in map(str, range(self.n_models))]
+        if not any(isinstance(s, Tensor) for s in scales):
+            return float(sum(w * e * float(s) ** 2 for w, e, s in zip(weights, eps, scales))), None
+        plain = float(sum(w * e for w, e in zip(weights, eps)))
+        scaled = sum(w * e * s ** 2 for w, e, s in zip(weights, eps, scales))
+        # the value is exact; its gradient (the eps term's, ~eps / mean(x^2) of the scale's) is left out, as when
+        # the eps was a host number: the trajectory stays what it was
+        return plain, torch.rsqrt(scaled / plain).detach()
 
     def learned_state(self) -> dict[str, Tensor]:
         """The symmetry parameters (what checkpoints and the held-out selection keep)."""
@@ -133,7 +165,7 @@ class PathLoss(PathOfEnds):
         from ..models import instantiate
         # trained through: held in memory, in the autocast dtype when there is one (bf16 endpoints)
         self.graphs = {str(k): stored(g.materialise(), autocast_dtype) for k, g in enumerate(graphs)}
-        self.template, self.task, self.autocast_dtype = template, task, autocast_dtype
+        self.template, self.task, self.autocast_dtype, self.spec = template, task, autocast_dtype, graphs[0].spec
         self.__dict__["model"] = strip_parameters(instantiate(graphs[0], template))  # not a submodule
         self.__dict__["norms"] = template.adapter.norm_modules(self.model) if graphs[0].spec.scale_exact else []
         self.model_parameters = sum(v.numel() for v in self.graphs["0"].params.values())
@@ -149,42 +181,38 @@ class PathLoss(PathOfEnds):
         self.graphs = {k: g.replace({n: v.to(device) for n, v in g.params.items()}) for k, g in self.graphs.items()}
         return self
 
-    def end_graphs(self, graphs: dict[str, Graph]) -> list[Graph]:
-        # the group elements themselves are computed in fp32 even under autocast; only their action on the
-        # (bf16) weights runs in the autocast dtype
-        device_type = next(iter(graphs["0"].params.values())).device.type
-        with torch.autocast(device_type, enabled=False) if self.autocast_dtype else _nothing():
-            elements = {k: end._continuous() for k, end in self.ends.items()}
-            if self.relative:
-                relative = relative_continuous(elements["0"], elements["1"], self.ends["1"].spec)
-        if self.relative:
-            return [graphs["0"], self.ends["1"].apply(graphs["1"], relative)]
-        return [self.ends[k].apply(g, elements[k]) if k in self.ends else g for k, g in graphs.items()]
-
-    def point(self, lam, rows: Tensor | None = None) -> Graph:
-        """The point trained on.  With `rows` (the token ids of the batch) only those rows of the token
-        embedding are transformed and interpolated: the others are never looked up, so the loss is the
-        same, at T·d² instead of V·d² for the embedding."""
+    def point(self, lam, device_type: str, rows: Tensor | None = None) -> Graph:
+        """The point trained on.  With `rows` (the distinct token ids of the batch) only those rows of the token
+        embedding are transformed and interpolated: the others are never looked up, so the loss is the same, at
+        T·d² instead of V·d² for the embedding."""
         first = self.graphs["0"]
         key = f"embed.{first.spec.token_embedding}"
         graphs = self.graphs
         if rows is not None:
             graphs = {k: g.replace({**g.params, key: g.params[key][rows]}) for k, g in graphs.items()}
-        point = interpolate(self.end_graphs(graphs), self.weights(lam))
+        elements = self.current_elements(device_type)
+        moved = [self.ends[k].apply(g, elements[k]) if k in elements else g for k, g in graphs.items()]
+        weights = self.weights(lam)
+        eps, factor = self.eps_and_write_factor(elements, [g.norm_eps for g in graphs.values()], weights)
+        point = interpolate(moved, weights)
+        params = point.params
+        if factor is not None:
+            params = {k: v * factor if residual_role(k) == "write" else v for k, v in params.items()}
         if rows is not None:  # unused rows: the first model's own (any value would do)
-            full = first.params[key].index_put((rows,), point.params[key].to(first.params[key].dtype))
-            point = point.replace({**point.params, key: full})
-        return point
+            params[key] = first.params[key].index_put((rows,), params[key].to(first.params[key].dtype))
+        return point.replace(params, norm_eps=eps)
 
-    def forward(self, inputs: Tensor, labels: Tensor | None, lam) -> Tensor:
-        sparse = self.task == "causal-lm" and self.graphs["0"].spec.token_embedding is not None
+    def forward(self, inputs: Tensor, labels: Tensor | None, lam, rows: Tensor | None = None) -> Tensor:
+        """The task loss at λ (or interpolation weights) on the batch.  `rows`: the batch's distinct token ids
+        (the training loop finds them on the host, where that costs no sync; found here when not given)."""
         # under autocast the transforms run in the endpoints' bf16 too (no fp32 copy of a model is ever made);
         # the symmetry parameters, their gradients and the optimiser state stay fp32
-        autocast = torch.autocast(inputs.device.type, dtype=self.autocast_dtype) if self.autocast_dtype else _nothing()
-        with autocast:
-            point = self.point(lam, torch.unique(inputs) if sparse else None)
+        dtype = self.autocast_dtype
+        with torch.autocast(inputs.device.type, dtype=dtype) if dtype else nullcontext():
+            point = self.point(lam, inputs.device.type,
+                               (torch.unique(inputs) if rows is None else rows) if self.sparse else None)
             state_dict, _ = self.template.adapter.from_canonical(point, self.template.config)
-            for module, attr in self.norms:  # the residual scale g is exact only with eps scaled by g^2
+            for module, attr in self.norms:  # the norm eps of the point (eps_and_write_factor)
                 setattr(module, attr, point.norm_eps)
             return self.task_loss(state_dict, inputs, labels)
 
@@ -194,14 +222,6 @@ def stored(graph: Graph, dtype: torch.dtype | None) -> Graph:
     if dtype is None:
         return graph
     return graph.replace({k: v.to(dtype) if v.is_floating_point() else v for k, v in graph.params.items()})
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 # --- fingerprints (for resume) -----------------------------------------------------------------

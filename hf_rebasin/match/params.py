@@ -1,30 +1,35 @@
-"""Learnable parameterisations of the symmetry group (DESIGN §3-4) and the group product.
+"""Learnable parameterisations of the symmetry group (docs/design.md, "The group" and "Learned matching").
 
 Every parameterisation maps unconstrained tensors onto the group itself, so that the
 forward pass never projects: whatever the optimiser does, the value is an exact symmetry.
 
-    orthogonal G        D · cayley(S)   or   D · expm(S)         S skew, D a fixed ±1 diagonal
+    orthogonal G        Q0 · cayley(S)   or   Q0 · expm(S)      S skew (zero at the start), Q0 the fixed start
     G fixing 1 (LN)     Q R Q^T + s·11^T/d                      R orthogonal on the complement of 1
     invertible maps     polar:  Q · L L^T  (Q orthogonal, L lower-triangular, positive diagonal)
                         expm:   M0 · expm(X)   (M0 the fixed start; exp does not cover GL)
                         direct: M = X      (any matrix; invertible in practice near the start)
     RoPE pairs          r · [[cos a, sin a], [-sin a, cos a]]   per frequency pair, r = exp(rho)
     scales (g, GLU)     s0 · exp(rho)       (the sign of s0 is kept)
-    permutations        straight-through: hard (Hungarian) forward, Sinkhorn gradient
+    permutations        kept as weight matching chose them (buffers on the parameters' device)
 
 Each module starts exactly at a given group element (identity for the absorbed init, the
 weight-matching solution for the plain one); tests check the start is reproduced.
+
+What runs in a training step is built for a GPU: everything in fp32 (S starts at zero, so the Cayley and
+exponential maps stay well conditioned: no float64), ``_ex`` linalg variants that never make the host wait
+for an error check, and the per-head maps of all layers computed as one batch (a handful of launches per
+step whatever the depth, not a few per head).
 """
 from __future__ import annotations
 
-import copy
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ..canonical import Graph, Spec
-from ..symmetry import Transform, rotary_pairs, rotate_residual, transform_layer
+from ..symmetry import Transform, kv_perm_of, rotary_pairs, rotate_residual, transform_layer
 from .linalg import ones_complement
 
 ORTH_KINDS = ("cayley", "expm")
@@ -34,40 +39,21 @@ INV_KINDS = ("polar", "expm", "direct")
 # --- orthogonal matrices -------------------------------------------------------------------------
 
 def cayley(s: Tensor) -> Tensor:
-    """(I - S)^-1 (I + S): orthogonal with determinant +1 for skew S."""
+    """(I - S)^-1 (I + S): orthogonal with determinant +1 for skew S.  I - S is invertible for every skew S
+    (its eigenvalues are 1 - i·θ), so no error check is needed (solve_ex without one: no host sync)."""
     eye = torch.eye(s.shape[-1], dtype=s.dtype, device=s.device).expand_as(s)
-    return torch.linalg.solve(eye - s, eye + s)
+    return torch.linalg.solve_ex(eye - s, eye + s)[0]
 
 
-def inverse_cayley(q: Tensor) -> Tensor:
-    """S with cayley(S) = Q, for Q in SO(n) without eigenvalue -1."""
-    eye = torch.eye(q.shape[-1], dtype=q.dtype).expand_as(q)
-    s = torch.linalg.solve(eye + q, q - eye)
-    return (s - s.transpose(-1, -2)) / 2
-
-
-def _real_logm(q: Tensor) -> Tensor:
-    import scipy.linalg
-    flat = q.reshape(-1, *q.shape[-2:]).double().numpy()
-    import numpy as np
-    logs = np.stack([np.real(scipy.linalg.logm(m)) for m in flat])
-    out = torch.from_numpy(logs).to(torch.float64).reshape(q.shape)
-    return (out - out.transpose(-1, -2)) / 2
-
-
-def sign_factor(q: Tensor) -> Tensor:
-    """Signs d with det(diag(d) Q) = +1 and diag(d) Q mostly positive on its diagonal, so that
-    D·cayley(S) can start at Q (any determinant) with a small S."""
-    diag = torch.diagonal(q, dim1=-2, dim2=-1)
-    d = torch.where(diag < 0, -1.0, 1.0).to(torch.float64)
-    det = torch.linalg.det(q.double()) * d.prod(-1)
-    weakest = diag.abs().argmin(-1, keepdim=True)
-    flip = torch.where(det < 0, -1.0, 1.0).to(torch.float64)[..., None]
-    return d.scatter(-1, weakest, d.gather(-1, weakest) * flip)
+def nearest_orthogonal(q: Tensor) -> Tensor:
+    """The orthogonal matrix nearest to q (U V^T of its SVD), in float64 on the host: a start made exact."""
+    u, _, vh = torch.linalg.svd(q.detach().double().cpu())
+    return u @ vh
 
 
 class Orthogonal(nn.Module):
-    """A batch (*batch, n, n) of orthogonal matrices D · f(S), f = cayley or expm, S skew."""
+    """A batch (*batch, n, n) of orthogonal matrices Q0 · f(S), f = cayley or expm, S skew: Q0 (any
+    determinant) is the start, S starts at zero."""
 
     def __init__(self, n: int, batch: tuple[int, ...] = (), kind: str = "cayley", start: Tensor | None = None):
         super().__init__()
@@ -75,21 +61,14 @@ class Orthogonal(nn.Module):
             raise ValueError(f"unknown orthogonal parameterisation {kind!r}; choose one of {ORTH_KINDS}")
         self.kind = kind
         shape = (*batch, n, n)
-        if start is None:
-            signs, skew = torch.ones(*batch, n, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64)
-        else:
-            q = start.detach().double().cpu().reshape(shape)
-            signs = sign_factor(q)
-            q = signs[..., :, None] * q
-            skew = inverse_cayley(q) if kind == "cayley" else _real_logm(q)
-        self.register_buffer("signs", signs.float())
-        self.raw = nn.Parameter((skew / 2).float())  # S = raw - raw^T
+        base = None if start is None else nearest_orthogonal(start.reshape(shape)).float()
+        self.register_buffer("base", base)
+        self.raw = nn.Parameter(torch.zeros(shape))  # S = raw - raw^T
 
     def forward(self) -> Tensor:
-        # in float64: a start with eigenvalues near -1 has a large S, and fp32 would lose orthogonality
-        s = (self.raw - self.raw.transpose(-1, -2)).double()
+        s = self.raw - self.raw.transpose(-1, -2)
         q = cayley(s) if self.kind == "cayley" else torch.linalg.matrix_exp(s)
-        return self.signs[..., :, None] * q.to(self.raw.dtype)
+        return q if self.base is None else self.base @ q
 
 
 class OnesFixingOrthogonal(nn.Module):
@@ -150,58 +129,70 @@ class GeneralLinear(nn.Module):
             lower = self.raw * self.lower_mask + torch.diag_embed(torch.exp(torch.diagonal(self.raw, dim1=-2, dim2=-1)))
             return self.orthogonal() @ (lower @ lower.transpose(-1, -2))
         if self.kind == "expm":
-            return self.base @ torch.linalg.matrix_exp(self.raw.double()).to(self.raw.dtype)
+            return self.base @ torch.linalg.matrix_exp(self.raw)
         return self.raw
 
 
 class HeadMaps(nn.Module):
-    """Per-KV-group head-dim maps (groups, hd, hd): a scaled 2-D rotation on each RoPE pair and any
-    invertible map on the remaining (free) dims, nothing mixing the two."""
+    """A batch (*batch, hd, hd) of head-dim maps (batch: e.g. (layers, KV groups)): a scaled 2-D rotation on
+    each RoPE pair and any invertible map on the remaining (free) dims, nothing mixing the two.
 
-    def __init__(self, groups: int, head_dim: int, pairs: list[tuple[int, int]], inv: str, orth: str,
-                 start: Tensor | None = None):
+    Built as one block matrix in the order (first dims of the pairs, second dims, free dims),
+        [[ C,  S,  0],
+         [-S,  C,  0],      C = diag(r cos a), S = diag(r sin a), F the free map,
+         [ 0,  0,  F]]
+    and brought to the head's own order by one fixed permutation of rows and columns."""
+
+    def __init__(self, batch: int | tuple[int, ...], head_dim: int, pairs: list[tuple[int, int]], inv: str,
+                 orth: str, start: Tensor | None = None):
         super().__init__()
-        paired = {j for pair in pairs for j in pair}
+        batch = (batch,) if isinstance(batch, int) else tuple(batch)
+        first, second = [a for a, _ in pairs], [b for _, b in pairs]
+        paired = set(first) | set(second)
         free = [j for j in range(head_dim) if j not in paired]
-        self.groups, self.head_dim = groups, head_dim
-        self.register_buffer("pair_a", torch.tensor([a for a, _ in pairs], dtype=torch.long))
-        self.register_buffer("pair_b", torch.tensor([b for _, b in pairs], dtype=torch.long))
-        self.register_buffer("free", torch.tensor(free, dtype=torch.long))
-        m0 = None if start is None else start.detach().float().cpu()
+        order = first + second + free
+        self.batch, self.n_pairs, self.n_free = batch, len(pairs), len(free)
+        position = torch.empty(head_dim, dtype=torch.long)
+        position[torch.tensor(order, dtype=torch.long)] = torch.arange(head_dim)
+        self.register_buffer("position", None if order == list(range(head_dim)) else position)
+        m0 = None if start is None else start.detach().float().cpu().reshape(*batch, head_dim, head_dim)
         if pairs:
             if m0 is None:
-                rho, angle = torch.zeros(groups, len(pairs)), torch.zeros(groups, len(pairs))
+                rho, angle = torch.zeros(*batch, len(pairs)), torch.zeros(*batch, len(pairs))
             else:
-                c, s = m0[:, self.pair_a, self.pair_a], m0[:, self.pair_a, self.pair_b]
+                a, b = torch.tensor(first), torch.tensor(second)
+                c, s = m0[..., a, a], m0[..., a, b]
                 rho, angle = torch.log(torch.hypot(c, s)), torch.atan2(s, c)
             self.log_radius, self.angle = nn.Parameter(rho), nn.Parameter(angle)
         self.free_map = None
         if free:
-            block = None if m0 is None else m0[:, self.free][:, :, self.free]
-            self.free_map = GeneralLinear(len(free), (groups,), inv, orth, block)
+            f = torch.tensor(free)
+            block = None if m0 is None else m0[..., f, :][..., :, f]
+            self.free_map = GeneralLinear(len(free), batch, inv, orth, block)
 
     def forward(self) -> Tensor:
-        hd = self.head_dim
-        ref = self.free_map.raw if self.free_map is not None else self.angle
-        m = torch.zeros(self.groups, hd, hd, dtype=ref.dtype, device=ref.device)
-        g = torch.arange(self.groups, device=ref.device)
-        if len(self.pair_a):
+        blocks = []
+        if self.n_pairs:
             r = torch.exp(self.log_radius)
-            c, s = r * torch.cos(self.angle), r * torch.sin(self.angle)
-            a, b, gg = self.pair_a[None, :], self.pair_b[None, :], g[:, None]
-            for rows, cols, value in ((a, a, c), (a, b, s), (b, a, -s), (b, b, c)):
-                m = m.index_put((gg.expand_as(value), rows.expand_as(value), cols.expand_as(value)), value)
-        if self.free_map is not None:
-            block = self.free_map()
-            f = self.free
-            index = (g[:, None, None].expand_as(block), f[None, :, None].expand_as(block),
-                     f[None, None, :].expand_as(block))
-            m = m.index_put(index, block)
-        return m
+            c, s = torch.diag_embed(r * torch.cos(self.angle)), torch.diag_embed(r * torch.sin(self.angle))
+            rows = [torch.cat([c, s], -1), torch.cat([-s, c], -1)]
+            if self.n_free:
+                zeros = c.new_zeros(*self.batch, 2 * self.n_pairs, self.n_free)
+                rows = [torch.cat([torch.cat(rows, -2), zeros], -1)]
+            blocks.append(torch.cat(rows, -2))
+        if self.n_free:
+            free = self.free_map()
+            if self.n_pairs:
+                free = torch.cat([free.new_zeros(*self.batch, self.n_free, 2 * self.n_pairs), free], -1)
+            blocks.append(free)
+        m = blocks[0] if len(blocks) == 1 else torch.cat(blocks, -2)
+        if self.position is None:
+            return m
+        return m.index_select(-2, self.position).index_select(-1, self.position)
 
 
 class PositiveScale(nn.Module):
-    """s0 · exp(rho): a scale that keeps the sign of its start."""
+    """s0 · exp(rho): a scale (or a tensor of scales) that keeps the sign of its start."""
 
     def __init__(self, start: Tensor | float):
         super().__init__()
@@ -213,40 +204,36 @@ class PositiveScale(nn.Module):
         return self.start * torch.exp(self.log_scale)
 
 
-def relative_continuous(t_a: Transform, t_b: Transform, spec: Spec) -> Transform:
-    """The continuous part of t_b followed by the inverse of t_a, for t_a WITHOUT permutations:
-    rotation G_b G_a^T, scale g_b / g_a, maps M_b M_a^-1, GLU scales s_b / s_a (all differentiable).
-
-    The group acts linearly on the weights, so the dual path (1-l) t_a(A) + l t_b(B) is t_a applied to
-    the single-sided path (1-l) A + l (t_a^-1 t_b)(B): same function at every l, one transform per step."""
-    out = Transform.identity(spec)
-    out.rotation = t_b.rotation @ t_a.rotation.T
-    out.scale = t_b.scale / t_a.scale
-    for i in range(spec.n_layers):
-        for name in ("qk_maps", "ov_maps"):
-            mb, ma = t_b.per_layer(name, i), t_a.per_layer(name, i)
-            getattr(out, name)[i] = None if mb is None else torch.linalg.solve(ma, mb, left=False)
-        sb, sa = t_b.per_layer("glu_scale", i), t_a.per_layer("glu_scale", i)
-        out.glu_scale[i] = None if sb is None else sb / sa
-    return out
-
-
 # --- one endpoint's learnable group element ------------------------------------------------------
 
-class LayerSymmetry(nn.Module):
-    def __init__(self, spec: Spec, start: Transform, i: int, inv: str, orth: str):
-        super().__init__()
-        self.qk = self.ov = self.glu = None
-        if spec.head_maps:
-            self.qk = HeadMaps(spec.n_kv_heads, spec.head_dim, rotary_pairs(spec), inv, orth,
-                               start.per_layer("qk_maps", i))
-            self.ov = HeadMaps(spec.n_kv_heads, spec.head_dim, [], inv, orth, start.per_layer("ov_maps", i))
-        if spec.glu:
-            s0 = start.per_layer("glu_scale", i)
-            self.glu = PositiveScale(torch.ones(spec.ffn_dim) if s0 is None else s0)
-        # permutations are kept as they start (discrete; weight matching chooses them)
-        self.fixed_head_perm = start.per_layer("head_perm", i)
-        self.fixed_ffn_perm = start.per_layer("ffn_perm", i)
+@dataclass
+class Continuous:
+    """The continuous part of a group element, the per-layer parts batched over the layers:
+    qk/ov (layers, KV groups, hd, hd), glu (layers, ffn) or None where the spec has none."""
+
+    rotation: Tensor
+    scale: Tensor | float
+    qk: Tensor | None = None
+    ov: Tensor | None = None
+    glu: Tensor | None = None
+
+    def relative_to(self, a: Continuous) -> Continuous:
+        """a^-1 followed by this (for a WITHOUT permutations): rotation G G_a^T, scale g / g_a, maps M M_a^-1,
+        GLU scales s / s_a, all differentiable.
+
+        The group acts linearly on the weights, so the dual path (1-l) t_a(A) + l t_b(B) is t_a applied to the
+        single-sided path (1-l) A + l (t_a^-1 t_b)(B): same function at every l, one transform per step."""
+        def maps(mb, ma):  # X with X M_a = M_b (M_a invertible by construction: no error check, no host sync)
+            return None if mb is None else torch.linalg.solve_ex(ma, mb, left=False)[0]
+        return Continuous(self.rotation @ a.rotation.T, self.scale / a.scale, maps(self.qk, a.qk),
+                          maps(self.ov, a.ov), None if self.glu is None else self.glu / a.glu)
+
+
+def _stacked(items: list[Tensor | None], default: Tensor) -> Tensor | None:
+    """The per-layer tensors stacked over the layers (`default` where a layer has none); None if none has one."""
+    if all(v is None for v in items):
+        return None
+    return torch.stack([default if v is None else v.detach().cpu().to(default.dtype) for v in items])
 
 
 class SymmetryParams(nn.Module):
@@ -256,37 +243,50 @@ class SymmetryParams(nn.Module):
         super().__init__()
         start = start or Transform.identity(spec)
         self.spec = spec
+        n_layers, groups, hd = spec.n_layers, spec.n_kv_heads, spec.head_dim
         if spec.centred:
             self.rotation = OnesFixingOrthogonal(spec.d_model, orth, start.rotation)
         else:
             self.rotation = Orthogonal(spec.d_model, (), orth, start.rotation)
         self.scale = PositiveScale(float(start.scale)) if spec.scale_exact else None
         self.fixed_scale = float(start.scale)
-        self.layers = nn.ModuleList(LayerSymmetry(spec, start, i, inv, orth) for i in range(spec.n_layers))
+        self.qk = self.ov = self.glu = None
+        if spec.head_maps:
+            eye = torch.eye(hd).expand(groups, hd, hd)
+            self.qk = HeadMaps((n_layers, groups), hd, rotary_pairs(spec), inv, orth, _stacked(start.qk_maps, eye))
+            self.ov = HeadMaps((n_layers, groups), hd, [], inv, orth, _stacked(start.ov_maps, eye))
+        if spec.glu:
+            s0 = _stacked(start.glu_scale, torch.ones(spec.ffn_dim))
+            self.glu = PositiveScale(torch.ones(n_layers, spec.ffn_dim) if s0 is None else s0)
+        # permutations stay as they start (discrete; weight matching chooses them), held on the parameters' device;
+        # a head permutation is checked here, on the host, to move query heads with their KV group
+        head_perm = _stacked(start.head_perm, torch.arange(spec.n_heads))
+        if head_perm is not None:
+            for perm in head_perm:
+                kv_perm_of(perm, spec.group_size)
+        self.register_buffer("head_perm", head_perm)
+        self.register_buffer("ffn_perm", _stacked(start.ffn_perm, torch.arange(spec.ffn_dim)))
 
-    def _continuous(self) -> Transform:
-        """The transform without permutations (differentiable tensors)."""
-        t = Transform.identity(self.spec)
-        t.rotation = self.rotation()
-        t.scale = self.scale() if self.scale is not None else self.fixed_scale
-        for i, layer in enumerate(self.layers):
-            t.qk_maps[i] = None if layer.qk is None else layer.qk()
-            t.ov_maps[i] = None if layer.ov is None else layer.ov()
-            t.glu_scale[i] = None if layer.glu is None else layer.glu()
-        return t
+    def continuous(self) -> Continuous:
+        """The continuous part of the element (differentiable), batched over the layers."""
+        scale = self.scale() if self.scale is not None else self.fixed_scale
+        return Continuous(self.rotation(), scale, None if self.qk is None else self.qk(),
+                          None if self.ov is None else self.ov(), None if self.glu is None else self.glu())
 
     def has_permutations(self) -> bool:
-        return any(layer.fixed_head_perm is not None or layer.fixed_ffn_perm is not None
-                   for layer in self.layers)
+        return self.head_perm is not None or self.ffn_perm is not None
 
-    def element(self, continuous: Transform | None = None, device=None) -> Transform:
+    def element(self, continuous: Continuous | None = None) -> Transform:
         """This group element as a Transform: `continuous` (default: its own continuous part, differentiable)
-        with its fixed permutations (on `device`)."""
-        t = self._continuous() if continuous is None else copy.copy(continuous)
-        move = lambda perm: None if perm is None else perm.to(device)  # noqa: E731
-        t.head_perm = [move(layer.fixed_head_perm) for layer in self.layers]
-        t.ffn_perm = [move(layer.fixed_ffn_perm) for layer in self.layers]
-        return t
+        with its fixed permutations; per-layer parts are views of the batched tensors."""
+        c = self.continuous() if continuous is None else continuous
+        n = self.spec.n_layers
+
+        def layers(x: Tensor | None) -> list:
+            return [None] * n if x is None else list(x.unbind(0))
+
+        return Transform(c.rotation, c.scale, layers(self.head_perm), layers(c.qk), layers(c.ov),
+                         layers(self.ffn_perm), layers(c.glu))
 
     @staticmethod
     def apply_outside(params: dict[str, Tensor], t: Transform) -> dict[str, Tensor]:
@@ -297,36 +297,23 @@ class SymmetryParams(nn.Module):
         """Layer i's tensors under the element t (from `element`)."""
         return transform_layer(params, i, self.spec, t)
 
-    @staticmethod
-    def scaled_eps(norm_eps: float, t: Transform) -> float:
-        """The norm eps under t: the residual scale g is exact only with eps scaled by g^2."""
-        if isinstance(t.scale, Tensor):  # a plain number (a device tensor has no value on meta)
-            scale = float(t.scale.detach()) if t.scale.device.type != "meta" else float("nan")
-        else:
-            scale = float(t.scale)
-        return norm_eps * scale ** 2
-
-    def apply(self, graph: Graph, continuous: Transform | None = None) -> Graph:
-        """apply(graph, this element), differentiable in the parameters.  `continuous` replaces this
-        element's continuous part (rotation, scale, maps, GLU scales); its permutations stay."""
-        t = self.element(continuous, graph.params["layers.0.attn.o"].device)
+    def apply(self, graph: Graph, t: Transform | None = None) -> Graph:
+        """The graph's tensors under the element t (from `element`; default this element), differentiable in the
+        parameters.  The norm eps is left as it is: the residual scale's effect on it is the caller's
+        (PathOfEnds.eps_and_write_factor)."""
+        t = self.element() if t is None else t
         params = self.apply_outside({k: v for k, v in graph.params.items() if not k.startswith("layers.")}, t)
         for i in range(self.spec.n_layers):
-            prefix = f"layers.{i}."
-            params.update(self.apply_layer({k: v for k, v in graph.params.items() if k.startswith(prefix)}, i, t))
-        return graph.replace(params, norm_eps=self.scaled_eps(graph.norm_eps, t))
+            params.update(self.apply_layer(graph.layer(i), i, t))
+        return graph.replace(params)
 
     @torch.no_grad()
     def export(self) -> Transform:
         """The current group element as a plain Transform (detached, on the CPU, permutations as indices)."""
-        t = self._continuous()
+        t = self.element()
         out = Transform.identity(self.spec)
         out.rotation = t.rotation.detach().float().cpu()
         out.scale = float(t.scale)
-        for i, layer in enumerate(self.layers):
-            for name in ("qk_maps", "ov_maps", "glu_scale"):
-                value = getattr(t, name)[i]
-                getattr(out, name)[i] = None if value is None else value.detach().float().cpu()
-            out.head_perm[i] = layer.fixed_head_perm
-            out.ffn_perm[i] = layer.fixed_ffn_perm
+        for name in ("head_perm", "qk_maps", "ov_maps", "ffn_perm", "glu_scale"):
+            setattr(out, name, [None if v is None else v.detach().cpu().clone() for v in getattr(t, name)])
         return out

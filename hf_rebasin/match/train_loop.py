@@ -38,6 +38,30 @@ LAMBDA_RANGES = {"uniform": (0.0, 1.0), "narrow": (0.4, 0.6)}
 DIRICHLET_CONCENTRATION = {"uniform": 1, "narrow": 36}
 
 
+# the host reads the losses (and, over processes, agrees on a Ctrl-C) at most this many steps apart
+MAX_STEPS_BETWEEN_READS = 50
+
+
+def make_optimizer(params, lr: float, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW without weight decay (it would pull the group elements towards an arbitrary point); on CUDA the fused
+    kernel (one launch for all the parameters, state steps kept on the device)."""
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0,
+                             fused=device.type == "cuda")
+
+
+def host_batch(inputs: torch.Tensor, labels: torch.Tensor | None, sparse: bool) -> tuple:
+    """(inputs, labels, the distinct token ids of the inputs or None), on the host: the ids are found where the batch
+    is (torch.unique on a device makes the host wait for it)."""
+    return inputs, labels, torch.unique(inputs) if sparse else None
+
+
+def send(tensors: tuple, device: torch.device, pin: bool | None = None) -> tuple:
+    """The tensors on the device; on CUDA pinned (unless `pin` is False) and sent without waiting (non_blocking)."""
+    cuda = device.type == "cuda"
+    pin = cuda if pin is None else pin
+    return tuple(None if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=cuda) for t in tensors)
+
+
 def make_accelerator(options):
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
@@ -222,7 +246,7 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
     device, main = accelerator.device, accelerator.is_main_process
     rank, world = accelerator.process_index, accelerator.num_processes
     params = [p for p in path_loss.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
+    optimizer = make_optimizer(params, s.lr, device)
     start, log, best = 0, [], None
     if resume_state is not None:
         path_loss.load_learned_state(resume_state["params"])
@@ -278,45 +302,67 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
                leave=False, unit="step")
     bar.set_postfix(postfix)
     running = None
+    pending: list[tuple] = []  # (step, its loss as a device tensor, λ, lr) of the steps not read yet
+    read_every = min(log_every, MAX_STEPS_BETWEEN_READS)
+
+    def read() -> bool:
+        """Read the losses of the pending steps (and, over processes, whether any process was interrupted) with one
+        transfer: the host waits for the device here only, every `read_every` steps.  Returns the stop flag."""
+        nonlocal running
+        flag = torch.tensor([float(interrupt.requested)], device=device)
+        values = torch.cat([torch.stack([loss for _, loss, _, _ in pending]), flag])
+        if world > 1:
+            values = accelerator.reduce(values, reduction="sum")
+            values[:-1] /= world
+        *losses, stop = values.tolist()
+        for (done, _, lam, lr), loss in zip(pending, losses):
+            if not math.isfinite(loss):
+                raise UserError(f"learned matching diverged at step {done} (loss {loss}); lower --lr (now {s.lr})")
+            running = loss if running is None else 0.9 * running + 0.1 * loss
+            if (done - 1) % log_every == 0 or done == s.steps:
+                log.append({"step": done, "loss": loss, "lambda": lam, "lr": lr})
+        lam = pending[-1][2]
+        postfix.update(loss=f"{running:.4f}",
+                       lam=f"{lam:.2f}" if isinstance(lam, float) else "/".join(f"{w:.2f}" for w in lam))
+        pending.clear()
+        return stop > 0
+
     with InterruptFlag(announce=main) as interrupt:
         for step in range(start, s.steps):
             for group in optimizer.param_groups:
                 group["lr"] = s.lr * lr_factor(step, s.steps, s.warmup_steps())
             lam = plan.lam(step)
             index = plan.indices(step).view(s.grad_accum, world, micro)
-            total = torch.zeros((), device=device)
+            step_loss = torch.zeros((), device=device)
             for m in range(s.grad_accum):
                 part = index[m, rank]
-                x = train.inputs[part].to(device)
-                y = None if train.labels is None else train.labels[part].to(device)
+                labels = None if train.labels is None else train.labels[part]
+                x, y, rows = send(host_batch(train.inputs[part], labels, path_loss.sparse), device)
                 last = m == s.grad_accum - 1
                 with nullcontext() if last or world == 1 or path_loss.manual_sync else accelerator.no_sync(model):
-                    loss = model(x, y, lam)
+                    loss = model(x, y, lam, rows)
                     accelerator.backward(loss / s.grad_accum)
-                total = total + loss.detach() / s.grad_accum
+                step_loss = step_loss + loss.detach() / s.grad_accum
             if path_loss.manual_sync:
                 path_loss.sync_gradients(world)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            stats = accelerator.reduce(torch.stack([total, torch.tensor(float(interrupt.requested), device=device)]),
-                                       reduction="sum")
-            mean_loss, stop = float(stats[0]) / world, float(stats[1]) > 0
             done = step + 1
-            if not math.isfinite(mean_loss):
-                raise UserError(f"learned matching diverged at step {done} (loss {mean_loss}); lower --lr (now {s.lr})")
-            running = mean_loss if running is None else 0.9 * running + 0.1 * mean_loss
-            if step % log_every == 0 or done == s.steps:
-                log.append({"step": done, "loss": mean_loss, "lambda": lam, "lr": optimizer.param_groups[0]["lr"]})
-            if (s.eval_every and done % s.eval_every == 0) or done == s.steps:
+            pending.append((done, step_loss, lam, optimizer.param_groups[0]["lr"]))
+            evaluate_now = bool(s.eval_every and done % s.eval_every == 0) or done == s.steps
+            checkpoint_now = main and s.checkpoint_every and done % s.checkpoint_every == 0
+            # one process may stop at any step; several agree on it when they read (the same steps on all)
+            stop = world == 1 and interrupt.requested
+            if stop or evaluate_now or done % read_every == 0 or s.checkpoint_every and done % s.checkpoint_every == 0:
+                stop = read() or stop
+            if evaluate_now:
                 estimate(done)
-            postfix.update(loss=f"{running:.4f}",
-                           lam=f"{lam:.2f}" if isinstance(lam, float) else "/".join(f"{w:.2f}" for w in lam))
-            bar.set_postfix(postfix)
+            bar.set_postfix(postfix, refresh=False)
             bar.update(1)
-            if main and s.checkpoint_every and done % s.checkpoint_every == 0:
+            if checkpoint_now:
                 save_checkpoint(checkpoint_path(s.checkpoint_dir, tag, done), state(done))
             if on_step is not None:
-                on_step(done, mean_loss)
+                on_step(done, step_loss)
             if stop:
                 bar.close()
                 if main:
