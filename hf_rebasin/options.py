@@ -209,6 +209,10 @@ class MergeOptions:
                             "and this run has one process: launch it with accelerate, or drop --fsdp "
                             "(--gradient-checkpointing saves memory in one process)")
         problems += device_problems(self.device, "--device")
+        if num_processes > 1 and self.device.startswith("cuda:"):
+            problems.append(f"--device {self.device} names one GPU, and under `accelerate launch` every process "
+                            "trains on its own (cuda:LOCAL_RANK): use --device cuda (or auto), and pick the GPUs "
+                            "with CUDA_VISIBLE_DEVICES or accelerate's --gpu_ids")
         try:
             self.shard_bytes()
         except UserError as error:

@@ -3,9 +3,12 @@
     ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
         --mixed_precision no --dynamo_backend no tests/learned_ddp_script.py A B TEXT OUT [options]
 
-Trains dual (or lm) matching of tiny models A and B on token windows of TEXT and writes, from the
-main process, OUT.safetensors (both transforms) and OUT.json (number of processes, log, endpoint bytes per
-process).  --fsdp shards the endpoints over the processes, --gradient-checkpointing recomputes layers."""
+Trains dual (or lm) matching of tiny models A and B on token windows of TEXT (the method as the pipeline runs
+it: weight matching, then learning) and writes, from the main process, OUT.safetensors (both transforms) and
+OUT.json (number of processes, log, endpoint bytes per process); every process writes OUT.rank<R>.json: its
+weight-matching calls, a digest of the symmetry parameters it starts training from, their number, and the
+sizes of the all-reduces of every step.  --fsdp shards the endpoints over the processes,
+--gradient-checkpointing recomputes layers."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +16,7 @@ import json
 import os
 
 import torch
+import torch.distributed as dist
 
 
 def main() -> None:
@@ -38,9 +42,37 @@ def main() -> None:
     from hf_rebasin import models
     from hf_rebasin.data import load_token_windows
     from hf_rebasin.evaluation import EvalData
-    from hf_rebasin.match.learned import is_main_process, learn
-    from hf_rebasin.match.weight import weight_matching
+    from hf_rebasin.match import METHODS, MatchContext, train_loop, weight
+    from hf_rebasin.match.learned import exact_digest, is_main_process
     from hf_rebasin.options import MergeOptions
+
+    record = {"weight_matching_calls": 0, "all_reduce_sizes_per_step": []}
+    all_reduces = []  # numel of every all_reduce since the last step ended
+    original_weight_matching, original_all_reduce = weight.weight_matching, dist.all_reduce
+
+    def weight_matching(*args, **kwargs):
+        record["weight_matching_calls"] += 1
+        return original_weight_matching(*args, **kwargs)
+
+    def all_reduce(tensor, *args, **kwargs):
+        all_reduces.append(tensor.numel())
+        return original_all_reduce(tensor, *args, **kwargs)
+
+    weight.weight_matching, dist.all_reduce = weight_matching, all_reduce
+
+    def step_done(step, loss):
+        record["all_reduce_sizes_per_step"].append(list(all_reduces))
+        all_reduces.clear()
+
+    original_train = train_loop.train_transforms
+
+    def recorded_train(path_loss, *args, **kwargs):
+        record["start_parameters"] = exact_digest(path_loss.learned_state())
+        record["learned_parameters"] = sum(p.numel() for p in path_loss.parameters() if p.requires_grad)
+        all_reduces.clear()
+        return original_train(path_loss, *args, **{**kwargs, "on_step": step_done})
+
+    train_loop.train_transforms = recorded_train
 
     a, b = models.load(args.a), models.load(args.b)
     windows, info = load_token_windows(args.text, AutoTokenizer.from_pretrained(args.a), args.seq_len, 4096)
@@ -49,9 +81,11 @@ def main() -> None:
                            grad_accum=args.grad_accum, eval_every=0, device="cpu", fsdp=args.fsdp,
                            gradient_checkpointing=args.gradient_checkpointing)
     graphs = [models.canonicalise(a), models.canonicalise(b)]
-    result = learn(graphs, weight_matching(*graphs, progress=False), a, train, None, options, progress=False)
+    result = METHODS[args.method].run(graphs, MatchContext(options, template=a, train_data=train, progress=False))
+    from accelerate import PartialState
+    with open(f"{args.out}.rank{PartialState().process_index}.json", "w") as f:
+        json.dump(record, f)
     if is_main_process():
-        from accelerate import PartialState
         tensors = {f"a.{k}": v for k, v in result.transform_a.to_tensors().items()}
         tensors.update({f"b.{k}": v for k, v in result.transform_b.to_tensors().items()})
         save_file(tensors, args.out + ".safetensors")

@@ -133,3 +133,21 @@ def test_the_layer_by_layer_loss_builds_every_layer_on_the_graphs_device(kind, t
     for layer in path_loss.layers:
         assert devices(layer.state().values()) == {"meta"}
         assert devices(layer.local_state("meta").values()) == {"meta"}
+
+
+def test_one_process_trains_on_the_device_the_evaluation_uses():
+    """--device cuda:N: one process trains there (the Accelerator alone would pick cuda:0), where the evaluation
+    runs (options.resolved_device()); under `accelerate launch` each process trains on its own device, and
+    --device cuda:N is refused there."""
+    from hf_rebasin.errors import OptionError
+    from hf_rebasin.match.train_loop import training_device
+    from hf_rebasin.options import MergeOptions
+    accelerators_pick = torch.device("cuda")  # what Accelerator(cpu=False) gives one process on a GPU machine
+    for device in ("cpu", "cuda", "cuda:1", "auto"):
+        evaluation = MergeOptions(device=device).resolved_device()
+        assert training_device(device, 1, accelerators_pick) == torch.device(evaluation)
+    assert training_device("cuda:1", 1, accelerators_pick) == torch.device("cuda", 1)
+    assert training_device("cuda", 2, torch.device("cuda", 1)) == torch.device("cuda", 1)  # rank 1's own GPU
+    with pytest.raises(OptionError, match="under `accelerate launch` every process trains on its own"):
+        MergeOptions(method="dual", device="cuda:1", learn_batch_size=8).check(2, num_processes=2)
+    MergeOptions(method="dual", device="cpu", learn_batch_size=8).check(2, num_processes=2)

@@ -303,6 +303,33 @@ def test_two_processes_follow_one(layout, neox_pair, tmp_path):
         assert (one[key].double() - two[key].double()).abs().max() <= DDP_TOLERANCE, key
     assert (one["b.rotation"] - wm.transform_b.rotation).abs().max() > 1e-3  # the steps moved the transforms
 
+    # one matching for all processes: weight matching ran on the main process only, both started training from
+    # the same symmetry parameters (bit for bit), and each step averaged the gradients in one collective (the
+    # layered path's bucket; DDP's reducer does it for PathLoss) besides at most one for the loss
+    ranks = [json.loads(out.with_name(f"{out.name}.rank{r}.json").read_text()) for r in range(2)]
+    assert [r["weight_matching_calls"] for r in ranks] == [1, 0]
+    assert ranks[0]["start_parameters"] == ranks[1]["start_parameters"]
+    for r in ranks:
+        assert len(r["all_reduce_sizes_per_step"]) == 6
+        for sizes in r["all_reduce_sizes_per_step"]:
+            assert sizes.count(r["learned_parameters"]) == (1 if layout == "fsdp" else 0), sizes
+            assert len(sizes) <= 2, sizes
+
+
+def test_processes_that_start_from_different_bits_are_named():
+    """learn() compares, across the processes of `accelerate launch`, digests of the models, of the matching and
+    of every byte of the starting symmetry parameters: a difference in the last bit is refused, by name."""
+    from hf_rebasin.match.learned import exact_digest, start_differences
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    last_bit = x.clone()
+    last_bit[2, 1] = torch.nextafter(x[2, 1], torch.tensor(math.inf))
+    assert exact_digest({"x": x.clone()}) == exact_digest({"x": x})
+    assert exact_digest({"x": last_bit}) != exact_digest({"x": x})
+    start = {"models": ["a", "b"], "matching": [exact_digest({"x": x})], "parameters": exact_digest({"x": x})}
+    assert start_differences([start, dict(start), dict(start)]) == []
+    drifted = {**start, "parameters": exact_digest({"x": last_bit})}
+    assert start_differences([start, drifted, start]) == ["parameters (process 1 differs from process 0)"]
+
 
 # --- Ctrl-C and resume ------------------------------------------------------------------------------
 

@@ -86,8 +86,8 @@ def am(graphs: list[Graph], context: MatchContext) -> Alignment:
 
 
 def learned(graphs: list[Graph], context: MatchContext) -> Alignment:
-    from .learned import learn
-    start = wm(graphs, context)
+    from .learned import learn, on_main_process
+    start = on_main_process(lambda: wm(graphs, context), context.options)  # once; the other processes receive it
     return learn(graphs, start, context.template, context.train_data, context.eval_data, context.options,
                  progress=context.progress)
 

@@ -14,7 +14,7 @@ two things PathLoss cannot do:
   ``fully_shard`` over all processes, so each process stores 1/N of the frozen endpoints; FSDP gathers a
   layer's tensors just before the layer runs (again before its backward) and frees them after.  The symmetry
   parameters are small and replicated (``ignored_params``): their gradients are averaged over the processes
-  after the backward (``sync_gradients``), exactly what DDP does for PathLoss.
+  after the backward (``sync_gradients``, one all-reduce of them all), exactly what DDP does for PathLoss.
 
 The group elements themselves are computed once per forward at the root, in fp32, and shared by the layers.
 """
@@ -120,14 +120,18 @@ class LayeredPathLoss(PathOfEnds):
         return self
 
     def sync_gradients(self, world: int) -> None:
-        """Average the symmetry parameters' gradients over the processes (what DDP does for PathLoss)."""
-        if world == 1:
+        """Average the symmetry parameters' gradients over the processes (what DDP does for PathLoss), in one
+        collective: all of them flattened into one buffer."""
+        grads = [p.grad for p in self.ends.parameters() if p.grad is not None]
+        if world == 1 or not grads:
             return
         import torch.distributed as dist
-        for p in self.ends.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= world
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+        bucket = _flatten_dense_tensors(grads)
+        dist.all_reduce(bucket)
+        bucket /= world
+        for grad, averaged in zip(grads, _unflatten_dense_tensors(bucket, grads)):
+            grad.copy_(averaged)
 
     def stored_bytes(self) -> tuple[int, int]:
         """(bytes of frozen endpoint tensors this process stores, bytes of all of them)."""

@@ -37,7 +37,9 @@ elements (small matrices), their gradients and AdamW's state stay fp32.
 """
 from __future__ import annotations
 
+import datetime
 import hashlib
+import itertools
 from contextlib import nullcontext
 
 import torch
@@ -292,9 +294,10 @@ def starting_frames(graphs: list[Graph], start: list, options) -> tuple[list[Gra
 def learn(graphs: list[Graph], start, template, train, eval_data, options, *, progress: bool = True,
           on_step=None):
     """Learned (lm) or dual learned (dual) matching from the weight-matching Alignment `start`; returns an
-    Alignment whose transforms act on the ORIGINAL graphs."""
+    Alignment whose transforms act on the ORIGINAL graphs.  Under `accelerate launch` every process must pass
+    the same graphs and `start` (the lm and dual methods compute it once, on_main_process): refused otherwise."""
     from . import Alignment
-    from .train_loop import load_checkpoint, make_accelerator, train_transforms
+    from .train_loop import load_checkpoint, make_accelerator, train_transforms, training_device
     n, method = len(graphs), options.method
     if train is None:
         raise UserError(f"--method {method} trains on data and got none: pass --train-data (a text file/folder, "
@@ -316,13 +319,17 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
                 for k in learned}
     except ValueError as error:
         raise OptionError(str(error)) from error
-    device = accelerator.device
+    device = training_device(options.device, accelerator.num_processes, accelerator.device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     path_loss = path_loss_for(frames, ends, template, train.task, autocast_dtype(options, device), options,
-                              accelerator)
+                              accelerator, device)
+    check_same_start(accelerator, {"models": fingerprint["models"],
+                                   "matching": [exact_digest(t.to_tensors()) for t in start.transforms],
+                                   "parameters": exact_digest(path_loss.learned_state())})
     log = train_transforms(path_loss, accelerator, train, eval_data, options, fingerprint=fingerprint,
-                           resume_state=resume_state, progress=progress, on_step=on_step, holdout=holdout)
+                           resume_state=resume_state, progress=progress, on_step=on_step, holdout=holdout,
+                           device=device)
 
     transforms = []
     for k, graph in enumerate(graphs):
@@ -345,10 +352,9 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
 
 
 def path_loss_for(frames: list[Graph], ends: dict[str, SymmetryParams], template, task: str,
-                  dtype: torch.dtype | None, options, accelerator) -> nn.Module:
+                  dtype: torch.dtype | None, options, accelerator, device: torch.device) -> nn.Module:
     """PathLoss (the whole state dict per step), or layered.LayeredPathLoss for --gradient-checkpointing and
-    --fsdp (sharded over the processes), on the accelerator's device."""
-    device = accelerator.device
+    --fsdp (sharded over the accelerator's processes), on `device`."""
     if not (options.gradient_checkpointing or options.fsdp):
         return PathLoss(frames, ends, template, task, dtype).to_device(device)
     from torch.distributed.device_mesh import init_device_mesh
@@ -398,6 +404,63 @@ def peak_memory(device: torch.device) -> dict:
     import resource
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return {"what": "peak RSS of the process", "GiB": round(rss / 2**30, 3)}
+
+
+def on_main_process(compute, options):
+    """compute() run by the main process alone; under `accelerate launch` the other processes wait for it and
+    receive its result (pickled, one broadcast), so that every process holds the same object, bit for bit.
+    What learned matching starts from (weight matching: the expensive search) is computed this way."""
+    from .train_loop import make_accelerator
+    accelerator = make_accelerator(options)  # initialises the process group under `accelerate launch`
+    if accelerator.num_processes == 1:
+        return compute()
+    import torch.distributed as dist
+    key = f"hf-rebasin-main-result-{next(_MAIN_RESULTS)}"
+    store = dist.distributed_c10d._get_default_store()
+    box = [None]
+    if accelerator.is_main_process:
+        box = [compute()]
+        store.set(key, "ready")
+    else:  # wait on the store, not in a collective: the search may outlast the process group's timeout
+        store.wait([key], MAIN_RESULT_WAIT)
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+_MAIN_RESULTS = itertools.count()  # every process calls on_main_process in the same order
+# how long the other processes wait; if the main process fails, `accelerate launch` (torchrun) stops them at once
+MAIN_RESULT_WAIT = datetime.timedelta(days=2)
+
+
+def exact_digest(tensors: dict[str, Tensor]) -> str:
+    """sha256 of the names, dtypes, shapes and every byte of the tensors (bit-for-bit comparison)."""
+    h = hashlib.sha256()
+    for key in sorted(tensors):
+        value = tensors[key].detach().cpu().contiguous()
+        h.update(f"{key}{value.dtype}{tuple(value.shape)}".encode())
+        h.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def start_differences(per_process: list[dict]) -> list[str]:
+    """What the processes do not agree on: one line per key whose value differs from process 0's."""
+    return [f"{key} (process {', '.join(str(r) for r, got in enumerate(per_process) if got[key] != value)} "
+            f"differs from process 0)"
+            for key, value in per_process[0].items() if any(got[key] != value for got in per_process)]
+
+
+def check_same_start(accelerator, start: dict) -> None:
+    """Under `accelerate launch`: every process must start from the same models, matching and symmetry
+    parameters (digests in `start`), else their trajectories would drift apart silently."""
+    if accelerator.num_processes == 1:
+        return
+    import torch.distributed as dist
+    per_process = [None] * accelerator.num_processes
+    dist.all_gather_object(per_process, start)
+    problems = start_differences(per_process)
+    if problems:
+        raise UserError("the processes of `accelerate launch` do not start learned matching from the same "
+                        f"{'; '.join(problems)}: give every process the same models and matching")
 
 
 def is_main_process() -> bool:

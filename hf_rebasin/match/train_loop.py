@@ -69,6 +69,14 @@ def make_accelerator(options):
     return Accelerator(cpu=options.device == "cpu", mixed_precision="no", kwargs_handlers=[ddp])
 
 
+def training_device(device: str, num_processes: int, process_device: torch.device) -> torch.device:
+    """Where this process trains.  One process: --device `device` resolved, cuda:N included (the device the
+    evaluation uses; the Accelerator alone would pick cuda:0).  Under `accelerate launch`: the process's own
+    `process_device` (cuda:LOCAL_RANK, or the CPU); options.check refuses --device cuda:N there."""
+    from ..options import resolve_device
+    return process_device if num_processes > 1 else torch.device(resolve_device(device))
+
+
 # --- deterministic plan of the run ---------------------------------------------------------------
 
 class StepPlan:
@@ -239,11 +247,12 @@ def _subset(data, n: int):
 # --- the loop ------------------------------------------------------------------------------------
 
 def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint: dict, resume_state: dict | None,
-                     progress: bool = True, on_step=None, holdout=None) -> list[dict]:
-    """Train path_loss's parameters for s.steps steps (s: MergeOptions); returns the log (list of dicts).
-    With `holdout` (training examples never trained on), path_loss ends with the parameters whose midpoint loss
-    on them was lowest among the start, every s.eval_every steps and the last step."""
-    device, main = accelerator.device, accelerator.is_main_process
+                     progress: bool = True, on_step=None, holdout=None, device=None) -> list[dict]:
+    """Train path_loss's parameters for s.steps steps (s: MergeOptions) on `device` (default the accelerator's);
+    returns the log (list of dicts).  With `holdout` (training examples never trained on), path_loss ends with
+    the parameters whose midpoint loss on them was lowest among the start, every s.eval_every steps and the last
+    step."""
+    device, main = device or accelerator.device, accelerator.is_main_process
     rank, world = accelerator.process_index, accelerator.num_processes
     params = [p for p in path_loss.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, s.lr, device)
@@ -253,7 +262,7 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
         optimizer.load_state_dict(resume_state["optimizer"])
         start, log, best = int(resume_state["step"]), list(resume_state["log"]), resume_state.get("best")
     model = path_loss  # layered: the loop averages the gradients itself (path_loss.sync_gradients)
-    if not path_loss.manual_sync:
+    if not path_loss.manual_sync and world > 1:  # one process needs no DDP (and prepare_model would move it)
         with warnings.catch_warnings():  # torch deprecates broadcast_buffers; accelerate has no other way to say it
             warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
             model = accelerator.prepare_model(path_loss)
