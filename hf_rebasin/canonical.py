@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
 WRITE_SUFFIXES = ("attn.o", "attn.o_bias", "mlp.down", "mlp.down_bias")
@@ -205,7 +204,3 @@ def interpolate(graphs: list, weights: list[float]):
     params = mix([g.params for g in graphs], weights)
     eps = float(sum(w * g.norm_eps for g, w in zip(graphs, weights)))
     return first.replace(params, norm_eps=eps)
-
-
-def to_dtype(graph: Graph, dtype: torch.dtype) -> Graph:
-    return graph.replace({k: v.to(dtype) for k, v in graph.params.items()})

@@ -219,12 +219,6 @@ def worst_excess(weights: list[tuple[float, ...]], losses: list[float], endpoint
     return excess, max(range(len(excess)), key=excess.__getitem__)
 
 
-def barrier_of(lambdas: list[float], losses: list[float]) -> tuple[float, float]:
-    """(barrier, λ where it is reached) for a path whose endpoints are the first and last points."""
-    excess, k = worst_excess([(1 - lam, lam) for lam in lambdas], losses, [losses[0], losses[-1]])
-    return excess[k], lambdas[k]
-
-
 # --- plots ----------------------------------------------------------------------------------------
 
 def plot_path(results: dict[str, dict], path, title: str) -> None:

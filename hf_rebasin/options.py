@@ -16,11 +16,11 @@ from math import comb
 from typing import Any
 
 from .errors import OptionError, UserError
+from .match.learned import DEFAULT_HOLDOUT
 
 DEFAULT_LM_DATA = "wikitext:wikitext-103-raw-v1:test"
 DEFAULT_LAMBDAS = 11
 DEFAULT_ALPHA = 0.5
-DEFAULT_HOLDOUT = 32  # training examples held out to choose the returned learned parameters (at most)
 MAX_LATTICE_POINTS = 500  # evaluations of an N-way merge's simplex lattice
 LAMBDA_DISTRIBUTIONS = ("uniform", "narrow")
 DEFAULT_LAMBDA_DIST = {"lm": "narrow", "dual": "uniform"}  # Theus et al. / Li & Shen

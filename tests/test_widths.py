@@ -187,7 +187,7 @@ def test_residual_map(make):
 
 def test_refusals_name_the_field_and_values(make):
     neox, llama, olmo_clip = make("gpt_neox").spec, make("llama_gqa_tied").spec, make("olmo_clip_qkv").spec
-    half = lambda spec, **changes: dataclasses.replace(  # noqa: E731
+    half = lambda spec, **changes: dataclasses.replace(
         spec, **{"d_model": spec.d_model // 2, "ffn_dim": spec.ffn_dim // 2, **changes})
     refused = {
         "n_out: 101 vs 97 (vocabulary size": (half(neox, n_out=101), neox, IncompatibleModelsError),

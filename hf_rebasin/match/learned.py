@@ -40,17 +40,18 @@ from __future__ import annotations
 import hashlib
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..canonical import Graph, interpolate
 from ..errors import OptionError, UserError
 from ..symmetry import apply, compose
 from .params import SymmetryParams, relative_continuous
+from .path import PathOfEnds, stored, strip_parameters
 
 LEARNED_SETTINGS = ("method", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
                     "lambda_dist", "learn_seed", "eval_every", "eval_subset", "holdout", "checkpoint_every",
                     "checkpoint_dir", "resume", "learn_precision", "device", "gradient_checkpointing", "fsdp")
+DEFAULT_HOLDOUT = 32  # training examples held out to choose the returned learned parameters (at most)
 
 
 def trajectory_settings(options) -> dict:
@@ -63,66 +64,6 @@ def trajectory_settings(options) -> dict:
 
 
 # --- the loss on the path ------------------------------------------------------------------------
-
-def strip_parameters(model: nn.Module, device=None) -> nn.Module:
-    """Replace the module's own weights by empty tensors (on `device`, default their own): functional_call
-    supplies every one of them, so the instance only contributes its code and buffers (saves one model copy)."""
-    for module in model.modules():
-        for name, param in list(module._parameters.items()):
-            if param is not None:
-                empty = torch.empty(0, dtype=param.dtype, device=device or param.device)
-                module._parameters[name] = nn.Parameter(empty, requires_grad=False)
-    return model
-
-
-class PathOfEnds(nn.Module):
-    """What every form of the loss on the path shares: the learnable group elements `ends` (keyed "0" .. "N-1";
-    a model without an end is frozen as it is; they are the only trainable parameters), the interpolation
-    weights of a λ, and the learned state that checkpoints and the held-out selection keep."""
-
-    sharded = False  # the training loop runs a held-out estimate on every process only when sharded
-    manual_sync = False  # DDP averages the gradients (else the loop calls sync_gradients)
-
-    def __init__(self, ends: dict[str, SymmetryParams], n_models: int):
-        super().__init__()
-        self.ends = nn.ModuleDict(ends)
-        self.n_models = n_models
-        self.vertices = [tuple(1.0 if j == i else 0.0 for j in range(n_models)) for i in range(n_models)]
-        self.centre = tuple(1.0 / n_models for _ in range(n_models))
-
-    def weights(self, lam) -> list[float]:
-        """Interpolation weights: a λ for two models (weights 1-λ, λ), else a weight vector."""
-        if isinstance(lam, (int, float)):
-            return [1.0 - float(lam), float(lam)]
-        weights = [float(w) for w in lam]
-        if len(weights) != self.n_models:
-            raise ValueError(f"got {len(weights)} interpolation weights for {self.n_models} models")
-        return weights
-
-    @property
-    def relative(self) -> bool:
-        """Two-model dual with A's element free of permutations: train through the single-sided path with
-        t_a^-1 t_b (an exact symmetry image of the dual path, at the cost of one transform)."""
-        return (self.n_models == 2 and "0" in self.ends and "1" in self.ends
-                and not self.ends["0"].has_permutations())
-
-    def learned_state(self) -> dict[str, Tensor]:
-        """The symmetry parameters (what checkpoints and the held-out selection keep)."""
-        return self.ends.state_dict(prefix="ends.")
-
-    def load_learned_state(self, state: dict[str, Tensor]) -> None:
-        self.ends.load_state_dict({k.removeprefix("ends."): v for k, v in state.items()})
-
-    def task_loss(self, state: dict[str, Tensor], inputs: Tensor, labels: Tensor | None) -> Tensor:
-        """Cross-entropy of self.model run with `state` (next token for LMs, the label for classifiers)."""
-        from torch.func import functional_call
-        if self.task == "causal-lm":
-            out = functional_call(self.model, state, (), {"input_ids": inputs, "use_cache": False})
-            logits = out.logits[:, :-1].float()
-            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), inputs[:, 1:].reshape(-1))
-        logits = functional_call(self.model, state, (inputs,)).float()
-        return F.cross_entropy(logits, labels)
-
 
 class PathLoss(PathOfEnds):
     """Task loss at sum_i w_i t_i(theta_i), the whole transformed state dict built per step."""
@@ -187,13 +128,6 @@ class PathLoss(PathOfEnds):
             for module, attr in self.norms:  # the residual scale g is exact only with eps scaled by g^2
                 setattr(module, attr, point.norm_eps)
             return self.task_loss(state_dict, inputs, labels)
-
-
-def stored(graph: Graph, dtype: torch.dtype | None) -> Graph:
-    """The graph with its floating-point tensors in `dtype` (unchanged when None)."""
-    if dtype is None:
-        return graph
-    return graph.replace({k: v.to(dtype) if v.is_floating_point() else v for k, v in graph.params.items()})
 
 
 class _nothing:
@@ -273,7 +207,7 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
           on_step=None):
     """Learned (lm) or dual learned (dual) matching from the weight-matching Alignment `start`; returns an
     Alignment whose transforms act on the ORIGINAL graphs."""
-    from . import Alignment
+    from .alignment import Alignment
     from .train_loop import load_checkpoint, make_accelerator, train_transforms
     n, method = len(graphs), options.method
     if train is None:
@@ -351,7 +285,6 @@ def split_holdout(data, n: int | None):
     data, so that sorted data (an ImageFolder's classes, a text's sections) is covered), or (data, None).
     n = None: min(DEFAULT_HOLDOUT, an eighth of the examples)."""
     from ..evaluation import EvalData
-    from ..options import DEFAULT_HOLDOUT
     total = len(data.inputs)
     n = min(DEFAULT_HOLDOUT, total // 8) if n is None else n
     if n == 0:

@@ -283,7 +283,7 @@ class SymmetryParams(nn.Module):
         """This group element as a Transform: `continuous` (default: its own continuous part, differentiable)
         with its fixed permutations (on `device`)."""
         t = self._continuous() if continuous is None else copy.copy(continuous)
-        move = lambda perm: None if perm is None else perm.to(device)  # noqa: E731
+        move = lambda perm: None if perm is None else perm.to(device)
         t.head_perm = [move(layer.fixed_head_perm) for layer in self.layers]
         t.ffn_perm = [move(layer.fixed_ffn_perm) for layer in self.layers]
         return t

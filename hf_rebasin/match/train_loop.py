@@ -130,7 +130,7 @@ def read_checkpoint(path: str | Path) -> dict:
         with warnings.catch_warnings():  # torch warns about the pickle protocol of a foreign file
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any unreadable file is the same user problem
+    except Exception as error:  # any unreadable file is the same user problem
         text = str(error)  # torch wraps the reason in paragraphs of weights_only advice: keep the reason
         reason = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n")[0] \
             if "WeightsUnpickler error:" in text else (text.strip().splitlines() or [""])[0]
