@@ -15,7 +15,7 @@ symmetry constraints its architecture imposes) and a flat ``dict`` of tensors ke
                                reader after it has no bias to absorb it into
 
 The norms themselves carry no parameters; their epsilon is ``Graph.norm_eps``.
-Every adapter maps its checkpoint to this form and back exactly (DESIGN.md §2).
+Every adapter maps its checkpoint to this form and back exactly (docs/design.md §2).
 """
 from __future__ import annotations
 

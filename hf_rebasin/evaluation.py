@@ -1,4 +1,4 @@
-"""The loss barrier along the straight path between aligned models, or over the simplex of N (DESIGN §5).
+"""The loss barrier along the straight path between aligned models, or over the simplex of N (docs/design.md §5).
 
 Protocol for language models: mean next-token cross-entropy over every predicted token of
 non-overlapping windows (see data.token_windows), perplexity = exp(loss).  Classifiers: mean

@@ -1,4 +1,4 @@
-"""Elements of the symmetry group of a canonical graph and their action (DESIGN.md §3).
+"""Elements of the symmetry group of a canonical graph and their action (docs/design.md §3).
 
 A :class:`Transform` holds one group element; ``None`` anywhere means the identity.
 Semantics of ``apply(graph, t)``: new head ``j`` of layer ``i`` is old head

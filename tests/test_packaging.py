@@ -58,6 +58,27 @@ def test_recipes_and_card_template_are_top_level_folders_in_the_wheel():
         assert not missed, f"not in the wheel: {folder}/{missed}"
 
 
+def test_the_design_the_code_cites_is_in_the_repository():
+    """Every "docs/design.md §n" in the package, the tests and the README names a section of docs/design.md, and
+    nothing cites a design document outside the repository."""
+    import re
+
+    import hf_rebasin
+    top = Path(hf_rebasin.__file__).parent.parent
+    sections = set(re.findall(r"^## (\d+)\. ", (top / "docs" / "design.md").read_text(), flags=re.M))
+    assert len(sections) >= 7
+    files = [*(top / "hf_rebasin").rglob("*.py"), *(top / "tests").glob("*.py"), top / "README.md"]
+    cited, outside = set(), []
+    for path in files:
+        text = path.read_text()
+        for first, last in re.findall(r"docs/design\.md §(\d+)(?:-(\d+))?", text):
+            cited |= {(path.name, n) for n in range(int(first), int(last or first) + 1)}
+        outside += [path.name for _ in re.findall(r"DESIGN(?:\.md)? §", text)]
+    assert not outside, f"cite docs/design.md instead: {outside}"
+    assert {n for _, n in cited} >= {2, 3, 4, 5, 7}
+    assert not [(name, n) for name, n in cited if str(n) not in sections]
+
+
 def test_lower_bounds_come_from_the_package_metadata():
     bounds = requirements.lower_bounds()
     for package in ("transformers", "timm", "accelerate", "huggingface_hub", "lm-eval"):

@@ -1,4 +1,4 @@
-"""Models of different widths (DESIGN §7): a narrow model embedded exactly into the wide configuration of its
+"""Models of different widths (docs/design.md §7): a narrow model embedded exactly into the wide configuration of its
 class, for every adapter and tiny variant; refusals name the field and both values."""
 import dataclasses
 import math

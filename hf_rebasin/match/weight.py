@@ -1,4 +1,4 @@
-"""Data-free weight matching over the full symmetry group (DESIGN §4), by coordinate descent:
+"""Data-free weight matching over the full symmetry group (docs/design.md §4), by coordinate descent:
 
     rotation G (Procrustes)  ->  head permutations (QK/OV circuits)  ->  FFN permutations
     ->  per-head QK/OV maps and GLU scales (closed form)  ->  G again ...
