@@ -184,8 +184,8 @@ def main() -> int:
                 return 1
             results[worker] = json.loads(run.stdout.strip().splitlines()[-1])
     t = results["timing"]
-    mib = lambda b: b / 2**20  # noqa: E731
-    ms = lambda mode: f"{t[mode]['min_s'] * 1e3:.0f} ({t[mode]['median_s'] * 1e3:.0f})"  # noqa: E731
+    mib = lambda b: b / 2**20
+    ms = lambda mode: f"{t[mode]['min_s'] * 1e3:.0f} ({t[mode]['median_s'] * 1e3:.0f})"
     def ratio(mode: str) -> str:
         return f"{t[mode]['min_s'] / t['plain']['min_s']:.2f} ({t[mode]['median_s'] / t['plain']['median_s']:.2f})"
     memory_kind = "CUDA max allocated" if device.startswith("cuda") else "peak RSS"

@@ -10,8 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .requirements import check_installed_versions
-
-__version__ = "0.1.0"
+from .version import __version__
 
 check_installed_versions()
 

@@ -82,14 +82,6 @@ class Backend:
     def vocabulary_problem(self, a, b) -> str | None:
         return None
 
-    def create_tiny(self, adapter, variant: str) -> nn.Module:
-        """A freshly initialised model of one of the adapter's tiny variants."""
-        raise NotImplementedError
-
-    def save_new(self, model: nn.Module, adapter, variant: str, path: Path) -> None:
-        """Save a model made by create_tiny in the Hub layout of the library."""
-        raise NotImplementedError
-
 
 class TransformersBackend(Backend):
     name = "transformers"
@@ -105,7 +97,7 @@ class TransformersBackend(Backend):
         adapter = get_adapter(architectures[0])
         try:
             config = AutoConfig.from_pretrained(folder)
-        except Exception as error:  # noqa: BLE001 - a config transformers cannot read is the user's to fix
+        except Exception as error:  # a config transformers cannot read is the user's to fix
             raise ModelLoadError(f"{folder}/config.json cannot be read by transformers ({type(error).__name__}: "
                                  f"{' '.join(str(error).split())})") from error
         return adapter, config
@@ -124,7 +116,7 @@ class TransformersBackend(Backend):
     def load_model(self, loaded) -> nn.Module:
         try:
             return self.model_class(loaded).from_pretrained(loaded.folder, dtype=torch.float32).eval()
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise ModelLoadError(f"could not load the weights of {loaded.source}: {type(error).__name__}: {error}. "
                                  "Are the weight files complete and uncorrupted?") from error
 
@@ -146,7 +138,7 @@ class TransformersBackend(Backend):
         from transformers import AutoTokenizer
         try:
             return AutoTokenizer.from_pretrained(source)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             reason = " ".join(str(error).split())
             raise UserError(f"{source} has no loadable tokenizer ({type(error).__name__}: {reason}); one is needed "
                             "to tokenise text (--data, --train-data, tokenize)") from error
@@ -169,15 +161,6 @@ class TransformersBackend(Backend):
         return (f"the tokenizers of {a.source} and {b.source} differ ({only_a} tokens only in A, {only_b} only in B, "
                 f"{moved} with different ids): token embeddings are not indexed alike, so the models cannot be aligned")
 
-    def create_tiny(self, adapter, variant: str) -> nn.Module:
-        from transformers import AutoModelForCausalLM
-        return AutoModelForCausalLM.from_config(adapter.tiny_config(variant))
-
-    def save_new(self, model: nn.Module, adapter, variant: str, path: Path) -> None:
-        from .tiny import tiny_tokenizer
-        model.save_pretrained(path, safe_serialization=True)
-        tiny_tokenizer(model.config.vocab_size).save_pretrained(path)
-
 
 class TimmBackend(Backend):
     name = "timm"
@@ -194,7 +177,7 @@ class TimmBackend(Backend):
         try:
             with empty_weights():
                 model = timm.create_model(self.timm_name(folder), pretrained=False)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise ModelLoadError(f"could not build the timm model of {folder}: {type(error).__name__}: {error}") \
                 from error
         return get_adapter(type(model).__name__), model
@@ -209,7 +192,7 @@ class TimmBackend(Backend):
         import timm
         try:
             return timm.create_model(self.timm_name(loaded.folder), pretrained=True).float().eval()
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise ModelLoadError(f"could not load the timm model {loaded.source}: {type(error).__name__}: {error}") \
                 from error
 
@@ -222,14 +205,6 @@ class TimmBackend(Backend):
                if args_a.get(k) != args_b.get(k)]
         return out + [(k, a.hub_config.get(k), b.hub_config.get(k)) for k in ("architecture", "global_pool")
                       if a.hub_config.get(k) != b.hub_config.get(k)]
-
-    def create_tiny(self, adapter, variant: str) -> nn.Module:
-        import timm
-        return timm.create_model(adapter.timm_name, pretrained=False, **adapter.tiny_config(variant))
-
-    def save_new(self, model: nn.Module, adapter, variant: str, path: Path) -> None:
-        from timm.models import save_for_hf
-        save_for_hf(model, str(path), model_args=adapter.tiny_config(variant), safe_serialization=True)
 
     def preprocessing(self, model) -> dict:
         import timm.data

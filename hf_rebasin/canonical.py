@@ -15,14 +15,13 @@ symmetry constraints its architecture imposes) and a flat ``dict`` of tensors ke
                                reader after it has no bias to absorb it into
 
 The norms themselves carry no parameters; their epsilon is ``Graph.norm_eps``.
-Every adapter maps its checkpoint to this form and back exactly (DESIGN.md §2).
+Every adapter maps its checkpoint to this form and back exactly (docs/design.md §2).
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
 WRITE_SUFFIXES = ("attn.o", "attn.o_bias", "mlp.down", "mlp.down_bias")
@@ -205,7 +204,3 @@ def interpolate(graphs: list, weights: list[float]):
     params = mix([g.params for g in graphs], weights)
     eps = float(sum(w * g.norm_eps for g, w in zip(graphs, weights)))
     return first.replace(params, norm_eps=eps)
-
-
-def to_dtype(graph: Graph, dtype: torch.dtype) -> Graph:
-    return graph.replace({k: v.to(dtype) for k, v in graph.params.items()})

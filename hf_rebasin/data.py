@@ -45,108 +45,15 @@ from pathlib import Path
 
 import torch
 
+from .data_specs import is_saved_dataset, load_datasets_spec, load_saved_dataset, looks_like_path
 from .errors import DataError
+from .images import read_images  # re-exported: the one --data layer
 
 __all__ = ["DataError", "check_spec_exists", "read_texts", "token_windows", "load_token_windows", "read_images",
            "split_text"]
 
-
-# --------------------------------------------------------------------------------------------------------- specs
-
 JSON_LINES_SUFFIXES = (".jsonl", ".json", ".ndjson")
-_HUB_DEFAULT_SPLIT = "test"
-_LOCAL_LOADER_DEFAULT_SPLIT = "train"
 _BINARY_SNIFF_BYTES = 8192
-
-
-def _packaged_loaders() -> frozenset[str]:
-    try:
-        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
-        return frozenset(_PACKAGED_DATASETS_MODULES)
-    except ImportError:  # private name moved: fall back to the stable core set
-        return frozenset({"json", "csv", "text", "parquet", "arrow", "pandas", "imagefolder", "audiofolder"})
-
-
-def _looks_like_path(spec: str) -> bool:
-    """True for specs that can only mean a local path (so a missing one is 'no such file', not a Hub id)."""
-    if spec.startswith(("/", "./", "../", "~", ".\\", "..\\")) or spec in (".", ".."):
-        return True
-    if ":" in spec:  # NAME:CONFIG[:SPLIT] is a datasets spec
-        return False
-    if spec.count("/") > 1 or "\\" in spec:  # Hub ids have at most one '/' (owner/name)
-        return True
-    return bool(re.search(r"\.[A-Za-z0-9]{1,8}$", spec)) and not re.fullmatch(r"[\w.-]+/[\w.-]+", spec)
-
-
-def _parse_datasets_spec(spec: str) -> tuple[str, str | None, str | None]:
-    parts = spec.split(":")
-    if len(parts) > 3 or not parts[0] or any(part == "" for part in parts[1:]):
-        raise DataError(f"data spec {spec!r} is not an existing local path and not a datasets spec of the form "
-                        f"NAME[:CONFIG[:SPLIT]] (e.g. wikitext:wikitext-103-raw-v1:test or json:corpus.jsonl)")
-    name = parts[0]
-    config = parts[1] if len(parts) > 1 else None
-    spec_split = parts[2] if len(parts) > 2 else None
-    return name, config, spec_split
-
-
-def _is_saved_dataset(folder: Path) -> bool:
-    return (folder / "dataset_dict.json").is_file() or (
-        (folder / "state.json").is_file() and (folder / "dataset_info.json").is_file())
-
-
-def _load_saved_dataset(spec: str, folder: Path, split: str | None):
-    import datasets
-    try:
-        loaded = datasets.load_from_disk(str(folder))
-    except Exception as error:  # noqa: BLE001 - any failure here is a bad data folder
-        raise DataError(f"could not load the saved dataset {spec!r} ({type(error).__name__}: {error}); "
-                        f"it should be a folder written by datasets' save_to_disk") from error
-    if isinstance(loaded, datasets.DatasetDict):
-        chosen = split or (_HUB_DEFAULT_SPLIT if _HUB_DEFAULT_SPLIT in loaded else None)
-        if chosen is None and len(loaded) == 1:
-            chosen = next(iter(loaded))
-        if chosen not in loaded:
-            raise DataError(f"the saved dataset {spec!r} has splits {sorted(loaded)}; "
-                            f"pick one with split=... (not {chosen!r})")
-        loaded = loaded[chosen]
-    return loaded
-
-
-def _load_datasets_spec(spec: str, split: str | None, streaming: bool = False):
-    """``datasets.load_dataset`` for a NAME[:CONFIG[:SPLIT]] spec (an IterableDataset read as it goes with
-    `streaming`); every failure becomes a DataError."""
-    import datasets
-    name, config, spec_split = _parse_datasets_spec(spec)
-    kwargs: dict = {}
-    if name in _packaged_loaders():
-        if config is None:
-            raise DataError(f"data spec {spec!r} names the local datasets loader {name!r} but no files; "
-                            f"write it as {name}:PATH_OR_GLOB[:SPLIT]")
-        local = Path(config).expanduser()
-        if local.is_dir():
-            kwargs["data_dir"] = str(local)
-        else:
-            kwargs["data_files"] = str(local)
-        chosen_split = spec_split or split or _LOCAL_LOADER_DEFAULT_SPLIT
-        call = (name,)
-    else:
-        chosen_split = spec_split or split or _HUB_DEFAULT_SPLIT
-        call = (name, config) if config is not None else (name,)
-    try:
-        if streaming:
-            kwargs["streaming"] = True
-        return datasets.load_dataset(*call, split=chosen_split, **kwargs)
-    except Exception as error:  # noqa: BLE001 - offline, unknown id, bad split, bad files: all the user's to fix
-        offline = bool(getattr(datasets.config, "HF_HUB_OFFLINE", False)) or any(
-            os.environ.get(var, "").lower() in ("1", "true", "yes", "on")
-            for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-        hint = " (offline mode is on: HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)" if offline else ""
-        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise DataError(
-            f"data spec {spec!r} is neither an existing local path nor a loadable datasets spec "
-            f"(load_dataset{call!r}, split={chosen_split!r}{', ' + repr(kwargs) if kwargs else ''} failed{hint}: "
-            f"{type(error).__name__}: {detail}). Give a local .txt/.jsonl file or folder, or a dataset id of the "
-            f"form NAME[:CONFIG[:SPLIT]] that is reachable (or already in the datasets cache)") from error
 
 
 # ---------------------------------------------------------------------------------------------------------- text
@@ -235,15 +142,15 @@ def read_texts(spec: str, *, text_field: str = "text", split: str | None = None)
                                 f"a .jsonl file with a {text_field!r} field, or a datasets spec")
             texts = [text]
     elif path.is_dir():
-        if _is_saved_dataset(path):
-            texts = _texts_from_dataset(_load_saved_dataset(spec, path, split), spec, text_field)
+        if is_saved_dataset(path):
+            texts = _texts_from_dataset(load_saved_dataset(spec, path, split), spec, text_field)
         else:
             texts = [text for file in _visible_files(path) if (text := _decode_text_file(file)) is not None]
-    elif _looks_like_path(spec):
+    elif looks_like_path(spec):
         raise DataError(f"no such file or folder: {spec!r}; give an existing .txt/.jsonl file or folder of text "
                         f"files, or a datasets spec NAME[:CONFIG[:SPLIT]] (e.g. wikitext:wikitext-103-raw-v1:test)")
     else:
-        texts = _texts_from_dataset(_load_datasets_spec(spec, split), spec, text_field)
+        texts = _texts_from_dataset(load_datasets_spec(spec, split), spec, text_field)
     texts = [text for text in texts if text and not text.isspace()]
     if not texts:
         raise DataError(f"data spec {spec!r} contains no text; give a file or dataset with non-empty documents")
@@ -259,13 +166,13 @@ def iter_texts(spec: str, *, text_field: str = "text", split: str | None = None)
     found = False
     if path.is_file() and path.suffix.lower() in JSON_LINES_SUFFIXES and not _is_json_array(path):
         documents = _texts_from_records(_jsonl_records(path), str(path), text_field)
-    elif path.is_dir() and not _is_saved_dataset(path):
+    elif path.is_dir() and not is_saved_dataset(path):
         documents = (text for file in _visible_files(path) if (text := _decode_text_file(file)) is not None)
-    elif path.is_file() or _looks_like_path(spec):
+    elif path.is_file() or looks_like_path(spec):
         documents = iter(read_texts(spec, text_field=text_field, split=split))
     else:
-        dataset = (_load_saved_dataset(spec, path, split) if path.is_dir()
-                   else _load_datasets_spec(spec, split, streaming=True))
+        dataset = (load_saved_dataset(spec, path, split) if path.is_dir()
+                   else load_datasets_spec(spec, split, streaming=True))
         documents = _texts_from_records(dataset, f"dataset {spec!r}", text_field)
     for text in documents:
         if text and not text.isspace():
@@ -418,8 +325,7 @@ def split_text(text: str, fractions: tuple[float, float, float] = (0.9, 0.05, 0.
 
 def check_spec_exists(spec: str, flag: str = "--data") -> None:
     """A local-looking spec that does not exist is an error now (never a Hub lookup, never after the work)."""
-    if _looks_like_path(spec) and not Path(spec).expanduser().exists():
+    if looks_like_path(spec) and not Path(spec).expanduser().exists():
         raise DataError(f"{flag} {spec}: no such file or folder")
 
 
-from .images import read_images  # noqa: E402  (re-exported: the one --data layer)

@@ -119,7 +119,7 @@ def load_task(manager, name: str) -> dict:
                         f"{OFFLINE_HINT}") from error
     except UserError:
         raise
-    except Exception as error:  # noqa: BLE001 - a broken task config is the user's input
+    except Exception as error:  # a broken task config is the user's input
         raise UserError(f"could not build lm-eval task {name!r}: {type(error).__name__}: {error}") from error
 
 

@@ -1,4 +1,4 @@
-"""The loss barrier along the straight path between aligned models, or over the simplex of N (DESIGN §5).
+"""The loss barrier along the straight path between aligned models, or over the simplex of N (docs/design.md §5).
 
 Protocol for language models: mean next-token cross-entropy over every predicted token of
 non-overlapping windows (see data.token_windows), perplexity = exp(loss).  Classifiers: mean
@@ -217,12 +217,6 @@ def worst_excess(weights: list[tuple[float, ...]], losses: list[float], endpoint
     """(excess at every point, index of the largest): excess = L(w) - sum_i w_i L(model_i)."""
     excess = [loss - sum(wi * li for wi, li in zip(w, endpoint_loss)) for w, loss in zip(weights, losses)]
     return excess, max(range(len(excess)), key=excess.__getitem__)
-
-
-def barrier_of(lambdas: list[float], losses: list[float]) -> tuple[float, float]:
-    """(barrier, λ where it is reached) for a path whose endpoints are the first and last points."""
-    excess, k = worst_excess([(1 - lam, lam) for lam in lambdas], losses, [losses[0], losses[-1]])
-    return excess[k], lambdas[k]
 
 
 # --- plots ----------------------------------------------------------------------------------------

@@ -86,7 +86,7 @@ def push(out_dir: str | Path, repo_id: str, *, private: bool = False, revision: 
                             "access to that namespace; set HF_TOKEN to a write token or run `hf auth login`") from error
         raise UserError(f"could not create the Hub repo {repo_id} ({one_line(error)}). "
                         f"Retry with: {first_try}") from error
-    except Exception as error:  # noqa: BLE001 - network failures and the like: nothing was created or changed
+    except Exception as error:  # network failures and the like: nothing was created or changed
         raise UserError(f"could not create the Hub repo {repo_id} ({one_line(error)}). "
                         f"Retry with: {first_try}") from error
 
@@ -102,7 +102,7 @@ def push(out_dir: str | Path, repo_id: str, *, private: bool = False, revision: 
                 ignore_patterns=[".*.tmp"],  # a temp file left by a killed write
                 commit_message=commit_message or f"hf-rebasin merge ({report.method}) of "
                                                  + ", ".join(public_value(report.models)))
-        except Exception as error:  # noqa: BLE001 - any upload failure (HTTP, network, disk) gets the retry command
+        except Exception as error:  # any upload failure (HTTP, network, disk) gets the retry command
             raise UserError(f"upload of {out_dir} to {repo_id} failed ({one_line(error)}). "
                             f"{out_dir} is unchanged; retry with: {retry}") from error
     atomic_write(out_dir / "README.md", card)  # the folder's card is now the published one

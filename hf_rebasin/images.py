@@ -1,6 +1,6 @@
 """Image data specs (``--data`` for timm models): an ImageFolder directory, an ``.npz`` with ``images`` and
 ``labels``, a ``save_to_disk`` folder, or a ``datasets`` spec NAME[:CONFIG[:SPLIT]] whose rows have an
-``image``/``img`` and a ``label``/``labels`` column (data.py has the spec rules)."""
+``image``/``img`` and a ``label``/``labels`` column (data.py lists the spec rules, data_specs.py applies them)."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import _is_saved_dataset, _load_datasets_spec, _load_saved_dataset, _looks_like_path
+from .data_specs import is_saved_dataset, load_datasets_spec, load_saved_dataset, looks_like_path
 from .errors import DataError
 
 IMAGE_COLUMNS = ("image", "img")
@@ -197,11 +197,11 @@ def read_images(spec: str, *, input_size: tuple[int, int, int], mean: tuple[floa
                             f"class), an .npz with 'images' and 'labels', or a datasets spec")
         return _read_npz(spec, path, input_size, mean, std, max_examples)
     if path.is_dir():
-        if _is_saved_dataset(path):
-            return _read_image_dataset(spec, _load_saved_dataset(spec, path, split), input_size, mean, std,
+        if is_saved_dataset(path):
+            return _read_image_dataset(spec, load_saved_dataset(spec, path, split), input_size, mean, std,
                                        max_examples)
         return _read_image_folder(spec, path, input_size, mean, std, max_examples)
-    if _looks_like_path(spec):
+    if looks_like_path(spec):
         raise DataError(f"no such file or folder: {spec!r}; give an existing ImageFolder directory, an .npz file, "
                         f"or a datasets spec NAME[:CONFIG[:SPLIT]]")
-    return _read_image_dataset(spec, _load_datasets_spec(spec, split), input_size, mean, std, max_examples)
+    return _read_image_dataset(spec, load_datasets_spec(spec, split), input_size, mean, std, max_examples)

@@ -65,7 +65,7 @@ def read_config_json(source: str) -> dict:
         from huggingface_hub import hf_hub_download
         try:
             config_file = Path(hf_hub_download(source, "config.json"))
-        except Exception as error:  # noqa: BLE001 - every hub failure becomes one clear message
+        except Exception as error:  # every hub failure becomes one clear message
             raise ModelLoadError(f"could not get config.json of {source!r} from the Hugging Face Hub "
                                  f"({type(error).__name__}: {' '.join(str(error).split())}). Is it a local folder that "
                                  "does not exist, a misspelt repo id, or are you offline without a cache?") from error

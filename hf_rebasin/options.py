@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from math import comb
 from typing import Any
 
+from .devices import resolve_device
 from .errors import OptionError, UserError
+from .match.learned import DEFAULT_HOLDOUT
 
 DEFAULT_LM_DATA = "wikitext:wikitext-103-raw-v1:test"
 DEFAULT_LAMBDAS = 11
 DEFAULT_ALPHA = 0.5
-DEFAULT_HOLDOUT = 32  # training examples held out to choose the returned learned parameters (at most)
 MAX_LATTICE_POINTS = 500  # evaluations of an N-way merge's simplex lattice
 LAMBDA_DISTRIBUTIONS = ("uniform", "narrow")
 DEFAULT_LAMBDA_DIST = {"lm": "narrow", "dual": "uniform"}  # Theus et al. / Li & Shen
@@ -234,13 +235,6 @@ def default_resolution(n_models: int) -> int:
 def lattice_size(n_models: int, resolution: int) -> int:
     """Points of the simplex lattice with step 1/resolution: C(r + N - 1, N - 1)."""
     return comb(resolution + n_models - 1, n_models - 1)
-
-
-def resolve_device(device: str) -> str:
-    import torch
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
 
 
 def device_problems(device: str | None, flag: str) -> list[str]:

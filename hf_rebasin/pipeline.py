@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__
 from .canonical import interpolate
 from .errors import IncompatibleModelsError, OptionError
 from .evaluation import (
@@ -38,6 +37,7 @@ from .options import DEFAULT_LM_DATA, MergeOptions
 from .report import Report, report_text
 from .requirements import installed_versions
 from .symmetry import Transform, apply
+from .version import __version__
 from .widths import embed
 
 

@@ -96,10 +96,6 @@ def read_json(path: Path) -> dict:
         raise UserError(f"{path} is not valid JSON ({error}); re-run the command that wrote it") from error
 
 
-def is_merge_output(folder: str | Path) -> bool:
-    return (Path(folder) / REPORT_FILE).is_file()
-
-
 def read_report(folder: str | Path) -> Report:
     """The report of a merge output folder (schema 1 or 2)."""
     path = Path(folder) / REPORT_FILE

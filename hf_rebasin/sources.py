@@ -65,7 +65,7 @@ def download(repo_id: str) -> Path:
         if not any(name.endswith(".safetensors") for name in files):
             patterns += ["*.bin", BIN_INDEX]
         return Path(snapshot_download(repo_id, allow_patterns=patterns))
-    except Exception as error:  # noqa: BLE001 - every Hub failure is the same user problem
+    except Exception as error:  # every Hub failure is the same user problem
         raise ModelLoadError(f"could not download the weights of {repo_id!r} from the Hugging Face Hub "
                              f"({type(error).__name__}: {' '.join(str(error).split())})") from error
 
@@ -104,7 +104,7 @@ class CheckpointFiles(Mapping):
                     for key in handle.keys():
                         piece = handle.get_slice(key)
                         yield key, torch.Size(piece.get_shape()), DTYPES.get(piece.get_dtype(), torch.float32)
-            except Exception as error:  # noqa: BLE001 - a truncated or corrupt file
+            except Exception as error:  # a truncated or corrupt file
                 raise ModelLoadError(f"could not load the weights of {self.folder}: {path.name} is not a valid "
                                      f"safetensors file ({type(error).__name__}: {error}). Are the weight files "
                                      "complete and uncorrupted?") from error
@@ -116,7 +116,7 @@ class CheckpointFiles(Mapping):
         if path not in self._bin_cache:
             try:
                 self._bin_cache[path] = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 raise ModelLoadError(f"could not load the weights of {self.folder}: {path.name} "
                                      f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
                                      ) from error

@@ -1,4 +1,4 @@
-"""Elements of the symmetry group of a canonical graph and their action (DESIGN.md §3).
+"""Elements of the symmetry group of a canonical graph and their action (docs/design.md §3).
 
 A :class:`Transform` holds one group element; ``None`` anywhere means the identity.
 Semantics of ``apply(graph, t)``: new head ``j`` of layer ``i`` is old head
@@ -107,7 +107,7 @@ def transform_layer(params: dict[str, Tensor], i: int, spec: Spec, t: Transform,
     prefix = f"layers.{i}."
     p = {k: v for k, v in params.items() if k.startswith(prefix)}
     hd, gs = spec.head_dim, spec.group_size
-    key = lambda name: layer_key(i, name)  # noqa: E731
+    key = lambda name: layer_key(i, name)
     perm = t.per_layer("head_perm", i)
     if perm is not None:
         kv_perm = kv_perm_of(perm, gs)

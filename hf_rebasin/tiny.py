@@ -49,10 +49,14 @@ def randomise_(model: torch.nn.Module, seed: int) -> None:
 
 
 def build_tiny(kind: str, seed: int = 0) -> torch.nn.Module:
-    from .backends import BACKENDS
     adapter = adapter_of(kind)
     torch.manual_seed(seed)
-    model = BACKENDS[adapter.backend].create_tiny(adapter, kind)
+    if adapter.backend == "timm":
+        import timm
+        model = timm.create_model(adapter.timm_name, pretrained=False, **adapter.tiny_config(kind))
+    else:
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_config(adapter.tiny_config(kind))
     randomise_(model, seed)
     return model.eval()
 
@@ -77,10 +81,14 @@ def tiny_tokenizer(vocab_size: int = 97):
 
 def make_tiny(kind: str, path: str | Path, seed: int = 0) -> Path:
     """Write a tiny random model of the given kind to path (Hub layout, LMs with a tokenizer)."""
-    from .backends import BACKENDS
     path = Path(path)
-    adapter = adapter_of(kind)
-    BACKENDS[adapter.backend].save_new(build_tiny(kind, seed), adapter, kind, path)
+    adapter, model = adapter_of(kind), build_tiny(kind, seed)
+    if adapter.backend == "timm":
+        from timm.models import save_for_hf
+        save_for_hf(model, str(path), model_args=adapter.tiny_config(kind), safe_serialization=True)
+    else:
+        model.save_pretrained(path, safe_serialization=True)
+        tiny_tokenizer(model.config.vocab_size).save_pretrained(path)
     return path
 
 

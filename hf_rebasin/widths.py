@@ -1,4 +1,4 @@
-"""Models of different widths (DESIGN §7, Theus et al. Fig. 3c): a narrow model written EXACTLY into a wider
+"""Models of different widths (docs/design.md §7, Theus et al. Fig. 3c): a narrow model written EXACTLY into a wider
 configuration of its class, after which it is an ordinary model of the wide class and every matching method
 applies to it unchanged.  Plain functions of the canonical graph and the two Specs; no adapter is consulted.
 

@@ -1,4 +1,4 @@
-"""Exactness of every adapter and every symmetry (DESIGN §2-3), and the errors users see."""
+"""Exactness of every adapter and every symmetry (docs/design.md §2-3), and the errors users see."""
 import json
 
 import checks

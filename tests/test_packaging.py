@@ -3,6 +3,7 @@ version bounds checked at import, and no silent guards around the project's own 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 from packaging.version import Version
@@ -34,6 +35,48 @@ def test_package_data_globs_cover_every_asset():
     assert files
     missed = [f for f in files if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)]
     assert not missed, f"not in the wheel: {missed}"
+
+
+def test_recipes_and_card_template_are_top_level_folders_in_the_wheel():
+    """recipes/ and model_cards/ sit at the top of the repository, beside hf_rebasin (as they do in site-packages
+    once the wheel is installed), and the wheel's packages and package-data globs take every file in them."""
+    import fnmatch
+    import tomllib
+
+    import hf_rebasin
+    top = Path(hf_rebasin.__file__).parent.parent
+    assert assets.recipes_dir() == top / "recipes"
+    assert assets.card_template() == top / "model_cards" / "template.md"
+    setuptools = tomllib.loads((top / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert {"recipes", "model_cards"} <= set(setuptools["packages"]["find"]["include"])
+    for folder in ("recipes", "model_cards"):
+        files = [p.relative_to(top / folder).as_posix() for p in (top / folder).rglob("*")
+                 if p.is_file() and p.suffix != ".py" and "__pycache__" not in p.parts]
+        assert files, folder
+        globs = setuptools["package-data"][folder]
+        missed = [f for f in files if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)]
+        assert not missed, f"not in the wheel: {folder}/{missed}"
+
+
+def test_the_design_the_code_cites_is_in_the_repository():
+    """Every "docs/design.md §n" in the package, the tests and the README names a section of docs/design.md, and
+    nothing cites a design document outside the repository."""
+    import re
+
+    import hf_rebasin
+    top = Path(hf_rebasin.__file__).parent.parent
+    sections = set(re.findall(r"^## (\d+)\. ", (top / "docs" / "design.md").read_text(), flags=re.M))
+    assert len(sections) >= 7
+    files = [*(top / "hf_rebasin").rglob("*.py"), *(top / "tests").glob("*.py"), top / "README.md"]
+    cited, outside = set(), []
+    for path in files:
+        text = path.read_text()
+        for first, last in re.findall(r"docs/design\.md §(\d+)(?:-(\d+))?", text):
+            cited |= {(path.name, n) for n in range(int(first), int(last or first) + 1)}
+        outside += [path.name for _ in re.findall(r"DESIGN(?:\.md)? §", text)]
+    assert not outside, f"cite docs/design.md instead: {outside}"
+    assert {n for _, n in cited} >= {2, 3, 4, 5, 7}
+    assert not [(name, n) for name, n in cited if str(n) not in sections]
 
 
 def test_lower_bounds_come_from_the_package_metadata():

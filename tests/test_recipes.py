@@ -15,7 +15,7 @@ import yaml
 from conftest import REPO
 from hub_server import FakeHub, use_fake_hub
 
-from hf_rebasin import recipes, tiny
+from hf_rebasin import recipe_checks, recipes, tiny
 from hf_rebasin.assets import asset, example_pair
 from hf_rebasin.cli import build_parser, main
 from hf_rebasin.match import METHODS
@@ -341,9 +341,9 @@ def test_every_option_is_a_recipe_key_that_reaches_its_command(tmp_path, pair):
     """The blocks take exactly the fields of the typed options (options.py): each one, set in its block, is
     accepted and comes out of commands() as the flag the real command line parses back to the same value."""
     blocks, expected = {}, {}
-    for step, cls in recipes.OPTIONS.items():
-        keys = set(option_table(cls)) - set(recipes.NOT_IN_BLOCK.get(step, {}))
-        assert set(recipes.block_keys(step)) == keys
+    for step, cls in recipe_checks.OPTIONS.items():
+        keys = set(option_table(cls)) - set(recipe_checks.NOT_IN_BLOCK.get(step, {}))
+        assert set(recipe_checks.block_keys(step)) == keys
         blocks[step] = {}
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -518,7 +518,7 @@ def test_push_needs_a_token_before_anything_runs(tmp_path, pair, hub, capsys, mo
 
 
 def test_example_stdlib_recipe_runs(tmp_path, capsys):
-    code, out, err = run(["example-stdlib", "--set", f"out={tmp_path / 'example'}",
+    code, _out, err = run(["example-stdlib", "--set", f"out={tmp_path / 'example'}",
                           "--set", "merge.max_eval_tokens=2048", "--set", "merge.lambdas=3"], capsys)
     assert code == 0, err
     barrier = json.loads((tmp_path / "example" / "barrier.json").read_text())

@@ -1,4 +1,4 @@
-"""Models of different widths (DESIGN §7): a narrow model embedded exactly into the wide configuration of its
+"""Models of different widths (docs/design.md §7): a narrow model embedded exactly into the wide configuration of its
 class, for every adapter and tiny variant; refusals name the field and both values."""
 import dataclasses
 import math
@@ -187,7 +187,7 @@ def test_residual_map(make):
 
 def test_refusals_name_the_field_and_values(make):
     neox, llama, olmo_clip = make("gpt_neox").spec, make("llama_gqa_tied").spec, make("olmo_clip_qkv").spec
-    half = lambda spec, **changes: dataclasses.replace(  # noqa: E731
+    half = lambda spec, **changes: dataclasses.replace(
         spec, **{"d_model": spec.d_model // 2, "ffn_dim": spec.ffn_dim // 2, **changes})
     refused = {
         "n_out: 101 vs 97 (vocabulary size": (half(neox, n_out=101), neox, IncompatibleModelsError),

@@ -8,7 +8,7 @@ variants the tests build.  Adapters register themselves (``@register``); adding 
 adding one file to this folder."""
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -170,7 +170,3 @@ def safe_divide(numerator: Tensor, gain: Tensor, floor: float = 1e-12) -> Tensor
 def filled(like: Tensor, size: int, value: float) -> Tensor:
     """A (size,) vector of `value` on the device and in the dtype of `like` (norm weights of an export)."""
     return torch.full((size,), value, dtype=like.dtype, device=like.device)
-
-
-def field_of(config: Any, name: str, default=None):
-    return getattr(config, name, default)

@@ -74,7 +74,7 @@ class GPT2(Adapter):
 
     def layer_from_canonical(self, p, config, spec, i):
         pre = f"transformer.h.{i}."
-        lk = lambda name: p[layer_key(i, name)]  # noqa: E731
+        lk = lambda name: p[layer_key(i, name)]
         sd = {pre + "attn.c_attn.weight": torch.cat([lk(f"attn.{n}") for n in "qkv"], dim=1),
               pre + "attn.c_attn.bias": torch.cat([lk(f"attn.{n}_bias") for n in "qkv"]),
               pre + "attn.c_proj.weight": lk("attn.o"), pre + "attn.c_proj.bias": lk("attn.o_bias"),

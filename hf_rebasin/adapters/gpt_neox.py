@@ -90,7 +90,7 @@ class GPTNeoX(Adapter):
     def layer_from_canonical(self, p, config, spec, i):
         d, h, hd = spec.d_model, spec.n_heads, spec.head_dim
         pre = f"gpt_neox.layers.{i}."
-        lk = lambda name: p[layer_key(i, name)]  # noqa: E731
+        lk = lambda name: p[layer_key(i, name)]
         w = torch.stack([lk(f"attn.{n}").reshape(d, h, hd) for n in "qkv"], dim=2).reshape(d, 3 * d)
         b = torch.stack([lk(f"attn.{n}_bias").reshape(h, hd) for n in "qkv"], dim=1).reshape(3 * d)
         sd = {pre + "attention.query_key_value.weight": w.T, pre + "attention.query_key_value.bias": b,

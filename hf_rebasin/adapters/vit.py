@@ -135,7 +135,7 @@ class VisionTransformer(Adapter):
 
     def layer_from_canonical(self, p, model, spec, i):
         pre = f"blocks.{i}."
-        lk = lambda name: p[layer_key(i, name)]  # noqa: E731
+        lk = lambda name: p[layer_key(i, name)]
         ones, zeros = filled(lk("attn.o"), spec.d_model, 1.0), filled(lk("attn.o"), spec.d_model, 0.0)
         sd = {pre + "attn.qkv.weight": torch.cat([lk(f"attn.{n}") for n in "qkv"], dim=1).T,
               pre + "attn.qkv.bias": torch.cat([lk(f"attn.{n}_bias") for n in "qkv"]),

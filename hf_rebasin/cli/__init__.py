@@ -4,110 +4,34 @@ SystemExit: a UserError is one line on stderr and exit code 2, Ctrl-C is exit co
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
-import threading
-import warnings
 
-from .. import __version__
-from ..errors import RebasinWarning, UserError
-
-DESCRIPTION = ("Merge independently trained transformers (GPT-NeoX/Pythia, LLaMA, OLMo-1, GPT-2, timm ViT) by "
-               "aligning their symmetries: permutations of heads and FFN units, a rotation of the residual stream, "
-               "invertible maps inside each head. The merged model is written as a checkpoint of its own class.")
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
+from ..errors import UserError
+from . import app
+from .app import DESCRIPTION, EXIT_BAD_INPUT, EXIT_INTERRUPTED
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse whose errors (an unknown choice, a value of the wrong type, a missing argument) are one line
-    and exit code 2, like every other bad input, instead of the whole usage block; sub-parsers inherit it."""
-
-    def error(self, message: str):
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+def registers() -> tuple:
+    """Every sub-command's register function (imported only when a parser is built: they import torch, which
+    the Ctrl-C handling of main must already cover)."""
+    from . import commands, recipe_command
+    return (*commands.REGISTER, recipe_command.register)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import commands
-    parser = Parser(prog="hf-rebasin", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"hf-rebasin {__version__}")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in commands.REGISTER:
-        register(subparsers)
-    return parser
-
-
-def _show_warning(message, category, filename, lineno, file=None, line=None):
-    if issubclass(category, RebasinWarning):
-        print(f"hf-rebasin: warning: {message}", file=sys.stderr)
-    else:
-        _default_show_warning(message, category, filename, lineno, file, line)
-
-
-_default_show_warning = warnings.showwarning
-
-
-class _CtrlC:
-    """SIGINT in the hf-rebasin process: KeyboardInterrupt, as with Python's own handler, but remembered, because
-    a library may turn it into another exception (a C extension whose import it cut short reports "ImportError:
-    initialization failed", a tensor conversion a ValueError): that is still a Ctrl-C, not a crash."""
-    pressed = False
-
-    @classmethod
-    def handler(cls, signum, frame):
-        cls.pressed = True
-        raise KeyboardInterrupt
-
-
-def _interrupted(whole_process: bool, what: str) -> int:
-    if whole_process:  # the command only exits now: a second Ctrl-C (often pressed at once) has nothing left to
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # stop, and would only print a traceback from the shutdown
-    print(f"{what}: interrupted; nothing was left half-written", file=sys.stderr)
-    return EXIT_INTERRUPTED
+    return app.build_parser(registers)
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    whole_process = argv is None and threading.current_thread() is threading.main_thread()  # the hf-rebasin command
-    if whole_process:  # not when main() is called inside a program: its SIGINT handling stays its own
-        _CtrlC.pressed = False
-        signal.signal(signal.SIGINT, _CtrlC.handler)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = build_parser().parse_args(argv)  # imports torch: Ctrl-C often lands here
-    except KeyboardInterrupt:
-        return _interrupted(whole_process, "hf-rebasin")
-    except Exception:
-        if not _CtrlC.pressed:
-            raise
-        return _interrupted(whole_process, "hf-rebasin")
-    args.argv = argv
-    warnings.showwarning = _show_warning
-    try:
-        code = int(args.func(args) or 0)
-        sys.stdout.flush()  # a closed pipe (`| head`) shows here, inside the handler below, not at exit
-        return code
-    except UserError as error:
-        print(f"hf-rebasin {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        return _interrupted(whole_process, f"hf-rebasin {args.command}")
-    except BrokenPipeError:  # `hf-rebasin inspect ... | head`: the reader has gone, which is no error
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
-    except Exception:
-        if not _CtrlC.pressed:
-            raise
-        return _interrupted(whole_process, f"hf-rebasin {args.command}")
-    finally:
-        warnings.showwarning = _default_show_warning
+    """The ``hf-rebasin`` command (argv: its arguments, default the process's); returns the exit code."""
+    return app.main(registers, argv)
 
 
 def entry_point() -> None:
     sys.exit(main())
 
+
+__all__ = ["DESCRIPTION", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "UserError", "build_parser", "entry_point", "main"]
 
 if __name__ == "__main__":
     entry_point()

@@ -197,9 +197,4 @@ def register_tokenize(subparsers) -> None:
     parser.set_defaults(func=run_tokenize)
 
 
-def register_run(subparsers) -> None:
-    from .recipe_command import register
-    register(subparsers)
-
-
-REGISTER = (register_inspect, register_merge, register_eval_and_push, register_tokenize, register_run)
+REGISTER = (register_inspect, register_merge, register_eval_and_push, register_tokenize)  # `run`: recipe_command

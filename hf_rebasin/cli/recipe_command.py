@@ -14,8 +14,10 @@ import yaml
 
 from .. import recipes
 from ..errors import UserError
-from ..recipes import RECIPE_COPY, STEPS, Recipe, shown
-from . import EXIT_BAD_INPUT, EXIT_INTERRUPTED, main
+from ..recipe_checks import STEPS
+from ..recipes import RECIPE_COPY, Recipe, shown
+from . import app, commands
+from .app import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 
 
 def shell(argv: list[str], launcher: list[str] = ()) -> str:
@@ -91,7 +93,7 @@ def run_step(number: int, total: int, step: str, argv: list[str], launcher: list
     if launcher:
         return run_launched(launcher, argv)
     try:
-        return int(main(argv) or 0)
+        return int(app.main(lambda: commands.REGISTER, argv) or 0)  # a step is never `run` itself
     except SystemExit as stop:  # argparse rejected an option value
         return stop.code if isinstance(stop.code, int) else EXIT_BAD_INPUT
     except Exception:  # noqa: BLE001 - a step that crashed: say which one, and how to go on

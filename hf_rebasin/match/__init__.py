@@ -4,41 +4,11 @@ graphs of the N models and a MatchContext and returns an Alignment: one group el
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from ..canonical import Graph
 from ..symmetry import Transform
-
-
-@dataclass
-class Alignment:
-    """One transform per model (applied to that model's canonical graph), what the method logged and settled."""
-
-    transforms: list[Transform]
-    log: list[dict] = field(default_factory=list)
-    settings: dict = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def transform_a(self) -> Transform:
-        return self.transforms[0]
-
-    @property
-    def transform_b(self) -> Transform:
-        return self.transforms[1]
-
-
-@dataclass
-class MatchContext:
-    """What a method may use besides the graphs (data-free methods ignore the data)."""
-
-    options: Any  # options.MergeOptions
-    template: Any = None  # models.Loaded of the first model (builds models for activations and the task loss)
-    match_data: Any = None  # barrier.EvalData for activation matching
-    train_data: Any = None  # barrier.EvalData for learned matching
-    eval_data: Any = None  # the held-out data (learned matching's progress estimate)
-    progress: bool = True
+from .alignment import Alignment, MatchContext
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from torch import Tensor, nn
 
 from ..canonical import Graph, mix, residual_role
 from ..layerwise import OnDemandLayer, norm_modules, swap_layers
-from .learned import PathOfEnds, stored, strip_parameters
 from .params import SymmetryParams
+from .path import PathOfEnds, stored, strip_parameters
 
 
 class FrozenTensors(nn.Module):

@@ -43,17 +43,18 @@ import itertools
 from contextlib import nullcontext
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..canonical import Graph, interpolate, residual_role
 from ..errors import OptionError, UserError
-from ..symmetry import Transform, apply, compose
+from ..symmetry import apply, compose
 from .params import SymmetryParams
+from .path import PathOfEnds, stored, strip_parameters
 
 LEARNED_SETTINGS = ("method", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
                     "lambda_dist", "learn_seed", "eval_every", "eval_subset", "holdout", "checkpoint_every",
                     "checkpoint_dir", "resume", "learn_precision", "device", "gradient_checkpointing", "fsdp")
+DEFAULT_HOLDOUT = 32  # training examples held out to choose the returned learned parameters (at most)
 
 
 def trajectory_settings(options) -> dict:
@@ -66,97 +67,6 @@ def trajectory_settings(options) -> dict:
 
 
 # --- the loss on the path ------------------------------------------------------------------------
-
-def strip_parameters(model: nn.Module, device=None) -> nn.Module:
-    """Replace the module's own weights by empty tensors (on `device`, default their own): functional_call
-    supplies every one of them, so the instance only contributes its code and buffers (saves one model copy)."""
-    for module in model.modules():
-        for name, param in list(module._parameters.items()):
-            if param is not None:
-                empty = torch.empty(0, dtype=param.dtype, device=device or param.device)
-                module._parameters[name] = nn.Parameter(empty, requires_grad=False)
-    return model
-
-
-class PathOfEnds(nn.Module):
-    """What every form of the loss on the path shares: the learnable group elements `ends` (keyed "0" .. "N-1";
-    a model without an end is frozen as it is; they are the only trainable parameters), the interpolation
-    weights of a λ, and the learned state that checkpoints and the held-out selection keep."""
-
-    sharded = False  # the training loop runs a held-out estimate on every process only when sharded
-    manual_sync = False  # DDP averages the gradients (else the loop calls sync_gradients)
-
-    def __init__(self, ends: dict[str, SymmetryParams], n_models: int):
-        super().__init__()
-        self.ends = nn.ModuleDict(ends)
-        self.n_models = n_models
-        self.vertices = [tuple(1.0 if j == i else 0.0 for j in range(n_models)) for i in range(n_models)]
-        self.centre = tuple(1.0 / n_models for _ in range(n_models))
-
-    def weights(self, lam) -> list[float]:
-        """Interpolation weights: a λ for two models (weights 1-λ, λ), else a weight vector."""
-        if isinstance(lam, (int, float)):
-            return [1.0 - float(lam), float(lam)]
-        weights = [float(w) for w in lam]
-        if len(weights) != self.n_models:
-            raise ValueError(f"got {len(weights)} interpolation weights for {self.n_models} models")
-        return weights
-
-    @property
-    def sparse(self) -> bool:
-        """Whether the loss takes the batch's distinct token ids (`rows`: only those embedding rows are transformed)."""
-        return self.task == "causal-lm" and self.spec.token_embedding is not None
-
-    @property
-    def relative(self) -> bool:
-        """Two-model dual with A's element free of permutations: train through the single-sided path with
-        t_a^-1 t_b (an exact symmetry image of the dual path, at the cost of one transform)."""
-        return (self.n_models == 2 and "0" in self.ends and "1" in self.ends
-                and not self.ends["0"].has_permutations())
-
-    def current_elements(self, device_type: str) -> dict[str, Transform]:
-        """The group elements of this forward by end ("0" .. "N-1"; for the relative dual path only "1", t_a^-1 t_b),
-        computed once, in fp32 even under autocast (their action on bf16 weights runs in the autocast dtype)."""
-        with torch.autocast(device_type, enabled=False) if self.autocast_dtype else nullcontext():
-            continuous = {k: end.continuous() for k, end in self.ends.items()}
-            if self.relative:
-                return {"1": self.ends["1"].element(continuous["1"].relative_to(continuous["0"]))}
-            return {k: self.ends[k].element(c) for k, c in continuous.items()}
-
-    def eps_and_write_factor(self, elements: dict[str, Transform], eps: list[float], weights: list[float]):
-        """(the norm eps the model runs with, a factor for every residual write of the point, or None).
-
-        The residual scale g is exact with the norm eps scaled by g^2, so the point sum_k w_k s_k W_k (s_k the
-        scale of end k, 1 for a frozen one) needs eps_P = sum_k w_k eps_k s_k^2.  With learned (tensor) scales that
-        is a device value the norms cannot take as their (host) eps without a sync; instead the model runs with
-        E = sum_k w_k eps_k and every write of the point is divided by r = sqrt(eps_P / E): every read of the
-        stream is through a norm, and norm(x / r; E) = x / sqrt(mean(x^2) + E r^2) = norm(x; eps_P), exactly."""
-        scales = [elements[k].scale if k in elements else 1.0 for k in map(str, range(self.n_models))]
-        if not any(isinstance(s, Tensor) for s in scales):
-            return float(sum(w * e * float(s) ** 2 for w, e, s in zip(weights, eps, scales))), None
-        plain = float(sum(w * e for w, e in zip(weights, eps)))
-        scaled = sum(w * e * s ** 2 for w, e, s in zip(weights, eps, scales))
-        # the value is exact; its gradient (the eps term's, ~eps / mean(x^2) of the scale's) is left out, as when
-        # the eps was a host number: the trajectory stays what it was
-        return plain, torch.rsqrt(scaled / plain).detach()
-
-    def learned_state(self) -> dict[str, Tensor]:
-        """The symmetry parameters (what checkpoints and the held-out selection keep)."""
-        return self.ends.state_dict(prefix="ends.")
-
-    def load_learned_state(self, state: dict[str, Tensor]) -> None:
-        self.ends.load_state_dict({k.removeprefix("ends."): v for k, v in state.items()})
-
-    def task_loss(self, state: dict[str, Tensor], inputs: Tensor, labels: Tensor | None) -> Tensor:
-        """Cross-entropy of self.model run with `state` (next token for LMs, the label for classifiers)."""
-        from torch.func import functional_call
-        if self.task == "causal-lm":
-            out = functional_call(self.model, state, (), {"input_ids": inputs, "use_cache": False})
-            logits = out.logits[:, :-1].float()
-            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), inputs[:, 1:].reshape(-1))
-        logits = functional_call(self.model, state, (inputs,)).float()
-        return F.cross_entropy(logits, labels)
-
 
 class PathLoss(PathOfEnds):
     """Task loss at sum_i w_i t_i(theta_i), the whole transformed state dict built per step."""
@@ -219,11 +129,6 @@ class PathLoss(PathOfEnds):
             return self.task_loss(state_dict, inputs, labels)
 
 
-def stored(graph: Graph, dtype: torch.dtype | None) -> Graph:
-    """The graph with its floating-point tensors in `dtype` (unchanged when None)."""
-    if dtype is None:
-        return graph
-    return graph.replace({k: v.to(dtype) if v.is_floating_point() else v for k, v in graph.params.items()})
 
 
 # --- fingerprints (for resume) -----------------------------------------------------------------
@@ -296,7 +201,7 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
     """Learned (lm) or dual learned (dual) matching from the weight-matching Alignment `start`; returns an
     Alignment whose transforms act on the ORIGINAL graphs.  Under `accelerate launch` every process must pass
     the same graphs and `start` (the lm and dual methods compute it once, on_main_process): refused otherwise."""
-    from . import Alignment
+    from .alignment import Alignment
     from .train_loop import load_checkpoint, make_accelerator, train_transforms, training_device
     n, method = len(graphs), options.method
     if train is None:
@@ -377,7 +282,6 @@ def split_holdout(data, n: int | None):
     data, so that sorted data (an ImageFolder's classes, a text's sections) is covered), or (data, None).
     n = None: min(DEFAULT_HOLDOUT, an eighth of the examples)."""
     from ..evaluation import EvalData
-    from ..options import DEFAULT_HOLDOUT
     total = len(data.inputs)
     n = min(DEFAULT_HOLDOUT, total // 8) if n is None else n
     if n == 0:

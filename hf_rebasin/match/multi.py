@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from ..canonical import Graph, interpolate
 from ..symmetry import apply
+from .alignment import Alignment
 from .weight import balance_transform, weight_matching
 
 
@@ -18,7 +19,6 @@ def average(graphs: list[Graph]) -> Graph:
 
 def align_many(graphs: list[Graph], *, max_rounds: int = 10, refine: bool = True, progress: bool = True):
     """An Alignment of every model to one common frame."""
-    from . import Alignment
     transforms = [balance_transform(graphs[0])]
     aligned = [apply(graphs[0], transforms[0])]
     log = []

@@ -1,4 +1,4 @@
-"""Learnable parameterisations of the symmetry group (docs/design.md, "The group" and "Learned matching").
+"""Learnable parameterisations of the symmetry group (docs/design.md §3-4).
 
 Every parameterisation maps unconstrained tensors onto the group itself, so that the
 forward pass never projects: whatever the optimiser does, the value is an exact symmetry.

@@ -73,7 +73,7 @@ def training_device(device: str, num_processes: int, process_device: torch.devic
     """Where this process trains.  One process: --device `device` resolved, cuda:N included (the device the
     evaluation uses; the Accelerator alone would pick cuda:0).  Under `accelerate launch`: the process's own
     `process_device` (cuda:LOCAL_RANK, or the CPU); options.check refuses --device cuda:N there."""
-    from ..options import resolve_device
+    from ..devices import resolve_device
     return process_device if num_processes > 1 else torch.device(resolve_device(device))
 
 
@@ -162,7 +162,7 @@ def read_checkpoint(path: str | Path) -> dict:
         with warnings.catch_warnings():  # torch warns about the pickle protocol of a foreign file
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any unreadable file is the same user problem
+    except Exception as error:  # any unreadable file is the same user problem
         text = str(error)  # torch wraps the reason in paragraphs of weights_only advice: keep the reason
         reason = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n")[0] \
             if "WeightsUnpickler error:" in text else (text.strip().splitlines() or [""])[0]

@@ -1,4 +1,4 @@
-"""Data-free weight matching over the full symmetry group (DESIGN §4), by coordinate descent:
+"""Data-free weight matching over the full symmetry group (docs/design.md §4), by coordinate descent:
 
     rotation G (Procrustes)  ->  head permutations (QK/OV circuits)  ->  FFN permutations
     ->  per-head QK/OV maps and GLU scales (closed form)  ->  G again ...
@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from ..canonical import Graph, Spec, layer_key, residual_role
 from ..symmetry import Transform, apply, rotary_pairs, rotate_residual, transform_layer
+from .alignment import Alignment
 from .linalg import assignment, balance, best_permutation_matrix, procrustes, procrustes_fixing_ones, rotation_2d
 
 # --- per-head views --------------------------------------------------------------------------
@@ -124,7 +125,7 @@ def constrained_balance(left: Tensor, right: Tensor, dims) -> Tensor:
     hd = left.shape[1]
     m = torch.zeros(hd, hd, dtype=left.dtype)
     if len(ia):
-        norm = lambda x: (x[:, ia].pow(2) + x[:, ib].pow(2)).sum(0).sqrt()  # noqa: E731
+        norm = lambda x: (x[:, ia].pow(2) + x[:, ib].pow(2)).sum(0).sqrt()
         alpha = (norm(right) / norm(left).clamp_min(1e-30)).clamp_min(1e-30).sqrt()
         m[ia, ia], m[ib, ib] = alpha, alpha
     if len(free):
@@ -310,7 +311,6 @@ def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = Tru
     The distance sum ||A - t(B)||^2 / sum ||A||^2 of each round is computed without another pass: the group
     acts orthogonally on the residual-facing tensors, so ||t(B)||^2 is the norm of B after the permutations and
     maps, and the overlap of the rotated tensors is tr(G^T M) with M the cross-products the round accumulated."""
-    from . import Alignment
     spec = a.spec
     full = head_maps
     t_a = balance_transform(a, head_maps=full and balance_a, glu=full and balance_a)
