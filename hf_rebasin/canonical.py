@@ -20,6 +20,8 @@ Every adapter maps its checkpoint to this form and back exactly (docs/design.md 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 from dataclasses import dataclass, field
 
 from torch import Tensor
@@ -149,7 +151,7 @@ def mix(parts: list[dict[str, Tensor]], weights: list[float]) -> dict[str, Tenso
     """sum_i w_i * parts_i, tensor by tensor (the parts: the same keys, e.g. one layer of each model)."""
     if any(p.keys() != parts[0].keys() for p in parts[1:]):
         raise ValueError("cannot interpolate canonical graphs of different structure")
-    return {k: sum(w * p[k] for p, w in zip(parts, weights)) for k in parts[0]}
+    return {k: functools.reduce(operator.add, (w * p[k] for p, w in zip(parts, weights))) for k in parts[0]}
 
 
 def layer_key(i: int, name: str) -> str:
