@@ -45,6 +45,8 @@ from pathlib import Path
 
 import torch
 
+from .checks import check_spec_exists  # noqa: F401 (re-exported)
+from .checks import looks_like_data_path as _looks_like_path
 from .errors import DataError
 
 __all__ = ["DataError", "check_spec_exists", "read_texts", "token_windows", "load_token_windows", "read_images",
@@ -65,17 +67,6 @@ def _packaged_loaders() -> frozenset[str]:
         return frozenset(_PACKAGED_DATASETS_MODULES)
     except ImportError:  # private name moved: fall back to the stable core set
         return frozenset({"json", "csv", "text", "parquet", "arrow", "pandas", "imagefolder", "audiofolder"})
-
-
-def _looks_like_path(spec: str) -> bool:
-    """True for specs that can only mean a local path (so a missing one is 'no such file', not a Hub id)."""
-    if spec.startswith(("/", "./", "../", "~", ".\\", "..\\")) or spec in (".", ".."):
-        return True
-    if ":" in spec:  # NAME:CONFIG[:SPLIT] is a datasets spec
-        return False
-    if spec.count("/") > 1 or "\\" in spec:  # Hub ids have at most one '/' (owner/name)
-        return True
-    return bool(re.search(r"\.[A-Za-z0-9]{1,8}$", spec)) and not re.fullmatch(r"[\w.-]+/[\w.-]+", spec)
 
 
 def _parse_datasets_spec(spec: str) -> tuple[str, str | None, str | None]:
@@ -367,7 +358,7 @@ def token_stream(texts: Iterable[str], tokenizer) -> Iterator[tuple[int, list[in
 def token_windows(texts: list[str], tokenizer, seq_len: int, max_tokens: int | None = None,
                   max_tokens_flag: str = "--max-eval-tokens") -> torch.Tensor:
     """LongTensor (n_windows, seq_len): the fixed windowing protocol of the module docstring."""
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     if isinstance(texts, str):
         texts = [texts]
@@ -414,12 +405,6 @@ def split_text(text: str, fractions: tuple[float, float, float] = (0.9, 0.05, 0.
     first = math.floor(len(text) * fractions[0])
     second = max(first, math.floor(len(text) * (fractions[0] + fractions[1])))
     return text[:first], text[first:second], text[second:]
-
-
-def check_spec_exists(spec: str, flag: str = "--data") -> None:
-    """A local-looking spec that does not exist is an error now (never a Hub lookup, never after the work)."""
-    if _looks_like_path(spec) and not Path(spec).expanduser().exists():
-        raise DataError(f"{flag} {spec}: no such file or folder")
 
 
 from .images import read_images  # noqa: E402  (re-exported: the one --data layer)

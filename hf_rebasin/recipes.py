@@ -19,6 +19,7 @@ package: their inputs (the example pair) are taken from the package's assets fol
 from the current folder."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -38,7 +39,6 @@ from .options import (
     option_table,
     range_problems,
 )
-from .token_files import TOKEN_FILE_SUFFIX
 
 RECIPES_DIR = recipes_dir()
 SUFFIXES = (".yaml", ".yml")
@@ -223,9 +223,11 @@ def check_block(step: str, block: dict) -> list[str]:
     return [p for p in problems if p]
 
 
-def step_options(fields: dict, step: str):
+def step_options(fields: dict, step: str, keep_ignored: bool = False):
     """The typed options of a step (MergeOptions, EvalOptions or PushOptions) holding what the recipe sets, as
-    the command line would parse it (a list is one comma-joined string)."""
+    the command line would parse it (a list is one comma-joined string).  What the merge's method ignores (the
+    training budget of a dual recipe run with `--set method=wm`) is left at its default unless keep_ignored: the
+    merge command leaves it out, as the tokenize step is left out."""
     options = block_keys(step)
     values = {key: ",".join(map(str, value)) if isinstance(value, list) else options[key]["type"](value)
               for key, value in (fields.get(step) or {}).items() if key in options and value is not None}
@@ -234,7 +236,11 @@ def step_options(fields: dict, step: str):
         block = fields.get("tokenize")
         if trains(fields) and isinstance(block, dict) and isinstance(block.get("out"), str):
             values["train_data"] = block["out"]
-    return OPTIONS[step](**values)
+    options = OPTIONS[step](**values)
+    if step == "merge" and not keep_ignored:
+        defaults = MergeOptions()
+        options = dataclasses.replace(options, **{name: getattr(defaults, name) for name in options.ignored()})
+    return options
 
 
 def trains(fields: dict) -> bool:
@@ -294,6 +300,7 @@ def check_launch(launch: dict) -> list[str]:
 
 
 def check_tokenize(fields: dict) -> list[str]:
+    from .token_files import TOKEN_FILE_SUFFIX  # numpy and torch: not for --help
     block, problems = fields["tokenize"], []
     if isinstance(block.get("out"), str) and not block["out"].endswith(TOKEN_FILE_SUFFIX):
         problems.append(f"`tokenize.out` must name a {TOKEN_FILE_SUFFIX} file (a token file), got {block['out']!r}")
@@ -446,8 +453,9 @@ def missing_paths(recipe: Recipe) -> list[str]:
 def option_argv(recipe: Recipe, step: str) -> list[str]:
     """The --flags of a (checked) block, in the order it lists them; a true/false option is its flag or nothing."""
     options, argv = block_keys(step), []
+    ignored = step_options(recipe.fields, step, keep_ignored=True).ignored() if step == "merge" else {}
     for key, value in recipe.block(step).items():
-        if key in REQUIRED_IN_BLOCK.get(step, ()) or value is None:
+        if key in REQUIRED_IN_BLOCK.get(step, ()) or value is None or key in ignored:
             continue
         flag, kind = options[key]["flag"], options[key]["type"]
         if kind is bool:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..canonical import Graph
-from ..symmetry import Transform
+if TYPE_CHECKING:  # torch is imported when a method runs, not when the registry is read (--help)
+    from ..canonical import Graph
+    from ..symmetry import Transform
 
 
 @dataclass
@@ -61,6 +62,7 @@ def register_method(method: Method) -> Method:
 
 def raw(graphs: list[Graph], context: MatchContext) -> Alignment:
     """No alignment: the plain average of the checkpoints."""
+    from ..symmetry import Transform
     return Alignment([Transform.identity(g.spec) for g in graphs])
 
 
