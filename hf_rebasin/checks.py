@@ -5,9 +5,10 @@ comes within a second."""
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
-from .errors import DataError, OptionError
+from .errors import DataError, OptionError, RebasinWarning
 
 
 def check_request(models: list[str], options, *, out=None, force: bool = False, json_path=None,
@@ -23,6 +24,11 @@ def check_request(models: list[str], options, *, out=None, force: bool = False, 
         from .hub import check_push_target
         check_push_target(push_to)
     preflight(models, options)
+    from .options import HARMLESS_WHEN_IGNORED, MergeOptions, fields_of, flag_of
+    flags = {f.name: flag_of(f) for f in fields_of(MergeOptions)}
+    for name, why in options.ignored(export=out is not None).items():
+        if name in HARMLESS_WHEN_IGNORED:
+            warnings.warn(f"{flags[name]} {why}: it is not used", RebasinWarning, stacklevel=2)
 
 
 def preflight(models: list[str], options) -> None:

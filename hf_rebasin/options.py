@@ -25,6 +25,7 @@ DEFAULT_HOLDOUT = 32  # training examples held out to choose the returned learne
 MAX_LATTICE_POINTS = 500  # evaluations of an N-way merge's simplex lattice
 LAMBDA_DISTRIBUTIONS = ("uniform", "narrow")
 DEFAULT_LAMBDA_DIST = {"lm": "narrow", "dual": "uniform"}  # Theus et al. / Li & Shen
+HARMLESS_WHEN_IGNORED = ("checkpoint_dir",)  # a place that is not used: warned about, not refused
 
 
 def option(default: Any = None, help: str = "", *, group: str = "", choices: tuple | None = None,
@@ -67,9 +68,8 @@ class MergeOptions:
     text_field: str = option("text", "text field of .jsonl / datasets rows", group=EVALUATION)
     alpha: float | None = option(None, f"two models: the merged model is (1-α)·A + α·π(B) (default {DEFAULT_ALPHA})",
                                  group=EVALUATION, low=0.0, high=1.0)
-    lambdas: int | None = option(None, f"two models: points on the λ grid from 0 to 1, at least 3 (two are the "
-                                 f"endpoints alone, whose excess is 0 by definition) (default {DEFAULT_LAMBDAS})",
-                                 group=EVALUATION, low=3, high=1001)
+    lambdas: int | None = option(None, f"two models: points on the λ grid from 0 to 1, at least 3 (2 would be the "
+                                 f"endpoints alone) (default {DEFAULT_LAMBDAS})", group=EVALUATION, low=2, high=1001)
     simplex_resolution: int | None = option(None, "three or more models: lattice step 1/r on the simplex "
                                             "(default 6 for three models, else the largest r <= N whose lattice has "
                                             "at most "
@@ -195,10 +195,12 @@ class MergeOptions:
         defaults = MergeOptions()
         return {name: reason for name, reason in why.items() if getattr(self, name) != getattr(defaults, name)}
 
-    def check(self, n_models: int = 2, num_processes: int | None = None, export: bool = True) -> None:
+    def check(self, n_models: int = 2, num_processes: int | None = None, export: bool = True,
+              refuse_ignored: bool = True) -> None:
         """Raise OptionError naming every bad value (by its flag) and every combination that cannot work.
         num_processes: of this run (default: WORLD_SIZE, which `accelerate launch` and torchrun set, else 1);
-        export: whether a checkpoint is written (merge) or not (barrier)."""
+        export: whether a checkpoint is written (merge) or not (barrier); refuse_ignored: whether an option the run
+        would ignore is refused (a recipe leaves such options out of its merge command instead)."""
         if num_processes is None:
             import os
             num_processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -241,7 +243,11 @@ class MergeOptions:
                             "and this run has one process: launch it with accelerate, or drop --fsdp "
                             "(--gradient-checkpointing saves memory in one process)")
         flags = {f.name: flag_of(f) for f in fields_of(MergeOptions)}
-        problems += [f"{flags[name]} {why}: drop it" for name, why in self.ignored(export).items()]
+        problems += [f"{flags[name]} {why}: drop it" for name, why in self.ignored(export).items()
+                     if refuse_ignored and name not in HARMLESS_WHEN_IGNORED]
+        if n_models == 2 and self.lambdas == 2:
+            problems.append("--lambdas 2 evaluates the endpoints alone, whose excess over the endpoint line is 0 by "
+                            "definition: the barrier would measure nothing; use --lambdas 3 or more")
         problems += device_problems(self.device, "--device")
         try:
             self.shard_bytes()

@@ -55,12 +55,15 @@ class MergeResult:
 
 def run(models: list[str], options: MergeOptions, *, out: str | Path | None = None, force: bool = False,
         json_path: str | Path | None = None, push_to: str | None = None, private: bool = False,
-        progress: bool = True, command: str | None = None, names: list[str] | None = None) -> MergeResult:
+        progress: bool = True, command: str | None = None, names: list[str] | None = None,
+        checked: bool = False) -> MergeResult:
     """names: what the report, card and messages call the models (default: `models`, the folders or Hub ids; the
-    API names a loaded model, written to a temporary folder, by where it came from)."""
+    API names a loaded model, written to a temporary folder, by where it came from).  checked: check_request has
+    run already (the command line runs it before it imports this module)."""
     models = [str(m) for m in models]
     names = list(names or models)
-    check_request(models, options, out=out, force=force, json_path=json_path, push_to=push_to)
+    if not checked:
+        check_request(models, options, out=out, force=force, json_path=json_path, push_to=push_to)
 
     timings, start = {}, time.perf_counter()
     loaded = [load(source) for source in models]

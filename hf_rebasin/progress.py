@@ -58,8 +58,9 @@ class StageLine:
         self.closed = True
         count = f"{self.n:g}/{self.total:g}" if self.total else f"{self.n:g}"
         extra = f" ({self.postfix})" if self.postfix else ""
-        print(f"{self.desc}: {count} {self.unit}s in {time.perf_counter() - self.start:.1f} s{extra}",
-              file=sys.stderr, flush=True)
+        unit = "" if self.unit == "it" else f" {self.unit}s"
+        print(f"{self.desc}: {count}{unit} in {time.perf_counter() - self.start:.1f} s{extra}", file=sys.stderr,
+              flush=True)
 
     def __enter__(self) -> StageLine:
         return self

@@ -19,7 +19,6 @@ package: their inputs (the example pair) are taken from the package's assets fol
 from the current folder."""
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
 import re
@@ -223,11 +222,9 @@ def check_block(step: str, block: dict) -> list[str]:
     return [p for p in problems if p]
 
 
-def step_options(fields: dict, step: str, keep_ignored: bool = False):
+def step_options(fields: dict, step: str):
     """The typed options of a step (MergeOptions, EvalOptions or PushOptions) holding what the recipe sets, as
-    the command line would parse it (a list is one comma-joined string).  What the merge's method ignores (the
-    training budget of a dual recipe run with `--set method=wm`) is left at its default unless keep_ignored: the
-    merge command leaves it out, as the tokenize step is left out."""
+    the command line would parse it (a list is one comma-joined string)."""
     options = block_keys(step)
     values = {key: ",".join(map(str, value)) if isinstance(value, list) else options[key]["type"](value)
               for key, value in (fields.get(step) or {}).items() if key in options and value is not None}
@@ -236,11 +233,7 @@ def step_options(fields: dict, step: str, keep_ignored: bool = False):
         block = fields.get("tokenize")
         if trains(fields) and isinstance(block, dict) and isinstance(block.get("out"), str):
             values["train_data"] = block["out"]
-    options = OPTIONS[step](**values)
-    if step == "merge" and not keep_ignored:
-        defaults = MergeOptions()
-        options = dataclasses.replace(options, **{name: getattr(defaults, name) for name in options.ignored()})
-    return options
+    return OPTIONS[step](**values)
 
 
 def trains(fields: dict) -> bool:
@@ -276,7 +269,8 @@ def option_problems(step: str, options, n_models: int | None = None, processes: 
         problems += device_problems(options.device, f"`{step}.device`")
     if n_models is not None and not problems:
         try:
-            options.check(n_models=n_models, num_processes=processes) if step == "merge" else options.check()
+            options.check(n_models=n_models, num_processes=processes, refuse_ignored=False) if step == "merge" \
+                else options.check()
         except OptionError as error:
             problems = [str(error)]
     return [in_recipe_terms(step, p) for p in problems]
@@ -453,7 +447,9 @@ def missing_paths(recipe: Recipe) -> list[str]:
 def option_argv(recipe: Recipe, step: str) -> list[str]:
     """The --flags of a (checked) block, in the order it lists them; a true/false option is its flag or nothing."""
     options, argv = block_keys(step), []
-    ignored = step_options(recipe.fields, step, keep_ignored=True).ignored() if step == "merge" else {}
+    # what the method ignores (the training budget of a dual recipe run with `--set method=wm`) is left out of the
+    # merge command, as the tokenize step is left out
+    ignored = step_options(recipe.fields, step).ignored() if step == "merge" else {}
     for key, value in recipe.block(step).items():
         if key in REQUIRED_IN_BLOCK.get(step, ()) or value is None or key in ignored:
             continue

@@ -69,7 +69,7 @@ def run_merge(args) -> int:
     check_request(args.models, options, out=args.out, force=args.force, push_to=args.push_to_hub)  # before torch
     from ..pipeline import run
     result = run(args.models, options, out=args.out, force=args.force, push_to=args.push_to_hub,
-                 private=args.private, command="hf-rebasin " + shlex.join(args.argv))
+                 private=args.private, command="hf-rebasin " + shlex.join(args.argv), checked=True)
     if result.report is not None:  # None in the other processes of `accelerate launch`
         print_summary(result.report, result.out)
         if args.push_to_hub:
@@ -82,7 +82,8 @@ def run_barrier(args) -> int:
     options = from_namespace(MergeOptions, args)
     check_request(args.models, options, json_path=args.json)  # before torch is imported
     from ..pipeline import run
-    result = run(args.models, options, json_path=args.json, command="hf-rebasin " + shlex.join(args.argv))
+    result = run(args.models, options, json_path=args.json, command="hf-rebasin " + shlex.join(args.argv),
+                 checked=True)
     if result.report is not None:
         print_summary(result.report, None)
     return 0
