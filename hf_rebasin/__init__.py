@@ -7,6 +7,10 @@
 Options are the fields of hf_rebasin.options.MergeOptions (the flags of `hf-rebasin merge`, with _ for -)."""
 from __future__ import annotations
 
+import functools
+import os
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from .requirements import check_installed_versions
@@ -15,24 +19,67 @@ from .version import __version__
 check_installed_versions()
 
 
+def _in_python_terms(function):
+    """Errors of an API call name the keyword (`force=True`, `seq_len`) where the command line's name the flag."""
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        from .errors import UserError
+        try:
+            return function(*args, **kwargs)
+        except UserError as error:
+            from .options import python_terms
+            error.args = (python_terms(str(error)),)
+            raise
+    return call
+
+
+@contextmanager
+def _model_folders(models):
+    """(folders, names) of the models: paths and Hub ids as given; a loaded model (a transformers PreTrainedModel,
+    or a (model, tokenizer) pair; a timm model, or a (model, model_args) pair) written to a temporary folder that
+    is removed at the end, and named by where it came from."""
+    if isinstance(models, (str, os.PathLike)):
+        raise TypeError(f"models must be a list of two or more models, e.g. [{str(models)!r}, 'path/b'] (a single "
+                        f"string would be read as a list of its characters), got {str(models)!r}")
+    from .models import write_loaded
+    models = list(models)
+    with tempfile.TemporaryDirectory(prefix="hf-rebasin-loaded-") as folder:
+        paths, names = [], []
+        for k, model in enumerate(models):
+            if isinstance(model, (str, os.PathLike)):
+                paths.append(str(model))
+                names.append(str(model))
+            else:
+                paths.append(str(Path(folder) / f"model-{k}"))
+                names.append(write_loaded(model, paths[-1], k))
+        yield paths, names
+
+
+@_in_python_terms
 def merge(models, out, *, force: bool = False, push_to_hub: str | None = None, private: bool = False,
           progress: bool = True, options=None, **option_values):
-    """Align the models, measure the barrier and write the merged model to `out` (an hf-rebasin output
-    folder: model, barrier.json, barrier.png, transforms.safetensors, README.md).  Returns a MergeResult."""
+    """Align the models (paths, Hub ids or loaded models), measure the barrier and write the merged model to
+    `out` (an hf-rebasin output folder: model, barrier.json, barrier.png, transforms.safetensors, README.md).
+    Returns a MergeResult."""
     from .options import MergeOptions
     from .pipeline import run
     options = options or MergeOptions(**option_values)
-    return run(list(models), options, out=out, force=force, push_to=push_to_hub, private=private, progress=progress)
+    with _model_folders(models) as (paths, names):
+        return run(paths, options, out=out, force=force, push_to=push_to_hub, private=private, progress=progress,
+                   names=names)
 
 
+@_in_python_terms
 def barrier(models, *, json_path=None, progress: bool = True, options=None, **option_values):
     """Align the models and measure the barrier, writing nothing (but the report to json_path, if given)."""
     from .options import MergeOptions
     from .pipeline import run
     options = options or MergeOptions(**option_values)
-    return run(list(models), options, json_path=json_path, progress=progress)
+    with _model_folders(models) as (paths, names):
+        return run(paths, options, json_path=json_path, progress=progress, names=names)
 
 
+@_in_python_terms
 def tokenize(data, model, out, *, text_field: str = "text", split: str | None = None, max_tokens: int | None = None,
              force: bool = False, progress: bool = True) -> dict:
     """Tokenise a text spec (as --data takes it) with the model's tokenizer into a token file `out` (.npy, read
@@ -43,7 +90,7 @@ def tokenize(data, model, out, *, text_field: str = "text", split: str | None = 
     if max_tokens is not None and max_tokens < 1:
         raise UserError(f"--max-tokens must be at least 1, got {max_tokens}")
     if Path(out).expanduser().exists() and not force:
-        raise UserError(f"{out} exists; pass force=True (--force) to replace it")
+        raise UserError(f"{out} exists; pass --force to replace it")
     tokenizer = BACKENDS["transformers"].tokenizer(str(model))
     record = write_token_file(str(data), tokenizer, out, text_field=text_field, split=split, max_tokens=max_tokens,
                               tokenizer_name=str(model), progress=progress)

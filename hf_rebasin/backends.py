@@ -10,15 +10,22 @@ import copy
 import json
 import shutil
 from pathlib import Path
-from typing import Any, ClassVar
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import ModelLoadError, UserError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "added_tokens.json")
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def has_tokenizer_files(folder: Path) -> bool:
+    """Whether a model folder holds a tokenizer (without one, transformers makes an empty one from the model type)."""
+    return any((folder / name).is_file() for name in TOKENIZER_FILES if name not in ("special_tokens_map.json",
+                                                                                     "added_tokens.json"))
 
 
 def is_local(source: str | Path) -> bool:
@@ -42,6 +49,33 @@ def is_hub_id(source: str) -> bool:
     except HFValidationError:
         return False
     return True
+
+
+def read_config_json(source: str) -> dict:
+    """config.json of a local folder or a Hub repository, with errors that say what is wrong."""
+    if is_local(source):
+        path = Path(source).expanduser()
+        if not path.is_dir():
+            raise ModelLoadError(f"{source} is a file, not a model folder: pass the folder that holds "
+                                 "config.json and the weights")
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise ModelLoadError(f"{source} is not a model folder: it has no config.json (expected a transformers "
+                                 "or timm checkpoint saved with save_pretrained / save_for_hf)")
+    elif looks_like_path(source):
+        raise ModelLoadError(f"no such model folder: {source}")
+    else:
+        from huggingface_hub import hf_hub_download
+        try:
+            config_file = Path(hf_hub_download(source, "config.json"))
+        except Exception as error:
+            raise ModelLoadError(f"could not get config.json of {source!r} from the Hugging Face Hub "
+                                 f"({type(error).__name__}: {' '.join(str(error).split())}). Is it a local folder that "
+                                 "does not exist, a misspelt repo id, or are you offline without a cache?") from error
+    try:
+        return json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ModelLoadError(f"{config_file} is not valid JSON: {error}") from error
 
 
 def empty_weights():
@@ -114,6 +148,7 @@ class TransformersBackend(Backend):
             return self.model_class(loaded)(config)
 
     def load_model(self, loaded) -> nn.Module:
+        import torch
         try:
             return self.model_class(loaded).from_pretrained(loaded.folder, dtype=torch.float32).eval()
         except Exception as error:
@@ -136,6 +171,10 @@ class TransformersBackend(Backend):
 
     def tokenizer(self, source: str | Path):
         from transformers import AutoTokenizer
+        if is_local(source) and Path(source).expanduser().is_dir() and not has_tokenizer_files(
+                Path(source).expanduser()):
+            raise UserError(f"{source} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...): copy the "
+                            "tokenizer the model was trained with into the folder")
         try:
             return AutoTokenizer.from_pretrained(source)
         except Exception as error:
@@ -150,10 +189,15 @@ class TransformersBackend(Backend):
 
     def vocabulary_problem(self, a, b) -> str | None:
         """Why the two models' tokenizers index tokens differently, or None."""
+        for model in (a, b):  # transformers would make an empty tokenizer from the model type: not the problem
+            if not has_tokenizer_files(model.folder):
+                return (f"{model.source} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...), so "
+                        "hf-rebasin cannot check that the models index tokens alike: copy the tokenizer the model "
+                        "was trained with into the folder")
         try:
             va, vb = self.tokenizer(a.folder).get_vocab(), self.tokenizer(b.folder).get_vocab()
         except UserError:
-            return None  # the barrier step reports a missing tokenizer for A; B's is not needed
+            return None  # the barrier step reports a tokenizer that cannot be loaded for A; B's is not needed
         if va == vb:
             return None
         only_a, only_b = len(set(va) - set(vb)), len(set(vb) - set(va))

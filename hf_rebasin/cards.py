@@ -86,6 +86,16 @@ def source_license(source: str) -> str | None:
         return None
 
 
+def local_inputs(report: Report) -> list[str]:
+    """The models and data of a report that are local files or folders (not Hub ids or datasets), as a card
+    names them: the Reproduce line cannot fetch them."""
+    from .data_specs import looks_like_path
+    spec = report.data.get("spec")
+    data = [spec] if spec and (looks_like_path(spec) or Path(spec).expanduser().exists()) else []
+    names = [public_name(m) for m in report.models if not is_hub_id(m)] + [public_name(d) for d in data]
+    return list(dict.fromkeys(names))
+
+
 # --- tables ---------------------------------------------------------------------------------------
 
 def number(value, digits: int = 4) -> str:
@@ -218,7 +228,7 @@ def render_card(out_dir: str | Path, *, model_name: str | None = None) -> ModelC
         merged_loss=number(report.merged_loss),
         barrier_header=barrier_header, barrier_rows=barrier_rows, eval_header=eval_header, eval_rows=eval_rows,
         eval_fewshot=(evals or {}).get("num_fewshot", 0), eval_limit=(evals or {}).get("limit"),
-        command=public_command(report.command), notes=report.notes)
+        command=public_command(report.command), local_inputs=local_inputs(report), notes=report.notes)
 
 
 def write_card(out_dir: str | Path, *, model_name: str | None = None) -> Path:

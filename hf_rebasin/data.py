@@ -45,7 +45,13 @@ from pathlib import Path
 
 import torch
 
-from .data_specs import is_saved_dataset, load_datasets_spec, load_saved_dataset, looks_like_path
+from .data_specs import (
+    check_spec_exists,
+    is_saved_dataset,
+    load_datasets_spec,
+    load_saved_dataset,
+    looks_like_path,
+)
 from .errors import DataError
 from .images import read_images  # re-exported: the one --data layer
 
@@ -274,7 +280,7 @@ def token_stream(texts: Iterable[str], tokenizer) -> Iterator[tuple[int, list[in
 def token_windows(texts: list[str], tokenizer, seq_len: int, max_tokens: int | None = None,
                   max_tokens_flag: str = "--max-eval-tokens") -> torch.Tensor:
     """LongTensor (n_windows, seq_len): the fixed windowing protocol of the module docstring."""
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     if isinstance(texts, str):
         texts = [texts]
@@ -321,11 +327,5 @@ def split_text(text: str, fractions: tuple[float, float, float] = (0.9, 0.05, 0.
     first = math.floor(len(text) * fractions[0])
     second = max(first, math.floor(len(text) * (fractions[0] + fractions[1])))
     return text[:first], text[first:second], text[second:]
-
-
-def check_spec_exists(spec: str, flag: str = "--data") -> None:
-    """A local-looking spec that does not exist is an error now (never a Hub lookup, never after the work)."""
-    if looks_like_path(spec) and not Path(spec).expanduser().exists():
-        raise DataError(f"{flag} {spec}: no such file or folder")
 
 

@@ -102,3 +102,14 @@ def load_datasets_spec(spec: str, split: str | None, streaming: bool = False):
             f"(load_dataset{call!r}, split={chosen_split!r}{', ' + repr(kwargs) if kwargs else ''} failed{hint}: "
             f"{type(error).__name__}: {detail}). Give a local .txt/.jsonl file or folder, or a dataset id of the "
             f"form NAME[:CONFIG[:SPLIT]] that is reachable (or already in the datasets cache)") from error
+
+
+def check_spec_exists(spec: str, flag: str = "--data") -> None:
+    """A local-looking spec that does not exist is an error now (never a Hub lookup, never after the work), and so
+    is a path that is neither a file nor a folder (/dev/null, a pipe, a socket)."""
+    path = Path(spec).expanduser()
+    if path.exists() and not (path.is_file() or path.is_dir()):
+        raise DataError(f"{flag} {spec} is not a regular file or folder (a device, pipe or socket): give a .txt or "
+                        ".jsonl file, a folder of text files, or a datasets spec NAME[:CONFIG[:SPLIT]]")
+    if looks_like_path(spec) and not path.exists():
+        raise DataError(f"{flag} {spec}: no such file or folder")

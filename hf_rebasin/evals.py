@@ -9,12 +9,14 @@ import difflib
 import importlib
 import json
 import logging
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from .errors import UserError
 from .io import atomic_write, edited_dir
@@ -200,8 +202,18 @@ def clean_metrics(task_results: dict) -> dict[str, float | None]:
     return metrics
 
 
+def quiet_git_hash() -> str | None:
+    """lm-eval's record of the working folder's git commit, without the "fatal: not a git repository" that its
+    `git describe` prints on stderr outside a repository (once per evaluated model)."""
+    try:
+        return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL, text=True).strip()
+    except (subprocess.CalledProcessError, OSError):
+        return None
+
+
 def evaluate_model(model, tokenizer, task_set: TaskSet, *, limit: int | None, batch_size: int | str) -> Outcome:
     import lm_eval
+    import lm_eval.evaluator
     from lm_eval.models.huggingface import HFLM
     start = time.perf_counter()
     hf_logger = logging.getLogger("lm_eval.models.huggingface")
@@ -211,8 +223,9 @@ def evaluate_model(model, tokenizer, task_set: TaskSet, *, limit: int | None, ba
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
     finally:
         hf_logger.removeFilter(quiet)
-    results = lm_eval.simple_evaluate(model=lm, tasks=list(task_set.objects), num_fewshot=NUM_FEWSHOT,
-                                      limit=limit, task_manager=task_set.manager, log_samples=False)
+    with mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", quiet_git_hash):
+        results = lm_eval.simple_evaluate(model=lm, tasks=list(task_set.objects), num_fewshot=NUM_FEWSHOT,
+                                          limit=limit, task_manager=task_set.manager, log_samples=False)
     metrics = {task: clean_metrics(values) for task, values in results["results"].items()}
     samples = {task: int(n.get("effective", n.get("original", 0))) for task, n in results.get("n-samples", {}).items()}
     return Outcome(metrics, samples, time.perf_counter() - start)

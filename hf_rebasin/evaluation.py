@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from .canonical import interpolate
 from .errors import OptionError, UserError
 from .models import Loaded, build, fill
+from .progress import tqdm
 
 
 @dataclass
@@ -231,7 +231,8 @@ def plot_path(results: dict[str, dict], path, title: str) -> None:
         ax.plot(result["lambdas"], result["loss"], marker="o", ms=3, label=f"{name} (barrier {result['barrier']:.3f})")
     ends = next(iter(results.values()))
     ax.plot([0, 1], ends["endpoint_loss"], ls="--", c="grey", lw=1, label="linear between endpoints")
-    ax.set_xlabel("λ  (0 = model A, 1 = aligned model B)")
+    end = "model B" if set(results) == {"raw"} else "aligned model B"  # raw aligns nothing
+    ax.set_xlabel(f"λ  (0 = model A, 1 = {end})")
     ax.set_ylabel("loss (nats)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)

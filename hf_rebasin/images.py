@@ -62,7 +62,7 @@ def _pil_to_unit_array(image, channels: int, height: int, width: int) -> np.ndar
 
 
 def _stack_pil_images(images, labels: list[int], spec: str, input_size, mean, std):
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     channels, height, width = _check_image_settings(input_size, mean, std)
     if not labels:

@@ -12,6 +12,7 @@
 Output folders and files follow the umask, like any file the user makes."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import json
@@ -20,11 +21,13 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import OutputError
 from .report import REPORT_FILE
+
+if TYPE_CHECKING:
+    import torch
 
 STAGING_TAG = ".hf-rebasin-"  # temporary siblings: .NAME.hf-rebasin-PID-XXXX
 DEFAULT_SHARD_BYTES = 5 * 10**9  # "5GB", as transformers' save_pretrained
@@ -195,8 +198,10 @@ def _is_within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def check_output_dir(out: str | Path, *, force: bool, sources: tuple = (), flag: str = "--out") -> None:
-    """Raise OutputError if `out` cannot receive an output folder; with force, if it is not ours to replace."""
+def check_output_dir(out: str | Path, *, force: bool, sources: tuple = (), flag: str = "--out",
+                     probe: bool = False) -> None:
+    """Raise OutputError if `out` cannot receive an output folder; with force, if it is not ours to replace.
+    probe: prove it by making (and removing) the staging folder beside it, as the export will."""
     out = Path(out).expanduser().resolve()
     cwd, home = Path.cwd().resolve(), Path.home().resolve()
     if out.exists() and not out.is_dir():
@@ -224,6 +229,24 @@ def check_output_dir(out: str | Path, *, force: bool, sources: tuple = (), flag:
         raise OutputError(f"{flag} {out}: {parent} is a file, so the folder cannot be made")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{flag} {out}: {parent} is not writable; choose a folder you can write to")
+    if probe:
+        probe_output_dir(out, flag)
+
+
+def probe_output_dir(out: Path, flag: str = "--out") -> None:
+    """Make the folders up to `out`'s parent and a staging folder in it, then remove what was made: a place where
+    no folder can be made (/proc, /sys, a read-only mount, a full disk) is refused before any work."""
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _staging_dir(out, "probe").rmdir()
+    except OSError as error:
+        raise OutputError(f"{flag} {out}: no folder can be made there ({error.strerror or error}); choose a folder "
+                          "you can write to") from None
+    finally:
+        for folder in made:  # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def check_output_file(path: str | Path, flag: str) -> None:

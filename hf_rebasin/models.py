@@ -4,7 +4,6 @@ Library specifics live in backends.py, architecture specifics in adapters/."""
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .adapters import Adapter, StateReader
-from .backends import Backend, backend_of, is_local, looks_like_path
+from .backends import Backend, backend_of, is_local, read_config_json
 from .canonical import LazyGraph, Spec
 from .errors import IncompatibleModelsError, ModelLoadError
 from .io import DEFAULT_SHARD_BYTES, ShardWriter
@@ -48,33 +47,6 @@ class Loaded:
         return self.backend.load_model(self)
 
 
-def read_config_json(source: str) -> dict:
-    """config.json of a local folder or a Hub repository, with errors that say what is wrong."""
-    if is_local(source):
-        path = Path(source).expanduser()
-        if not path.is_dir():
-            raise ModelLoadError(f"{source} is a file, not a model folder: pass the folder that holds "
-                                 "config.json and the weights")
-        config_file = path / "config.json"
-        if not config_file.is_file():
-            raise ModelLoadError(f"{source} is not a model folder: it has no config.json (expected a transformers "
-                                 "or timm checkpoint saved with save_pretrained / save_for_hf)")
-    elif looks_like_path(source):
-        raise ModelLoadError(f"no such model folder: {source}")
-    else:
-        from huggingface_hub import hf_hub_download
-        try:
-            config_file = Path(hf_hub_download(source, "config.json"))
-        except Exception as error:  # every hub failure becomes one clear message
-            raise ModelLoadError(f"could not get config.json of {source!r} from the Hugging Face Hub "
-                                 f"({type(error).__name__}: {' '.join(str(error).split())}). Is it a local folder that "
-                                 "does not exist, a misspelt repo id, or are you offline without a cache?") from error
-    try:
-        return json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ModelLoadError(f"{config_file} is not valid JSON: {error}") from error
-
-
 def load(source: str | Path) -> Loaded:
     """A supported model from a Hub id or a local folder: configuration read, weight files indexed (a Hub
     id's files downloaded), no weights in memory."""
@@ -87,6 +59,37 @@ def load(source: str | Path) -> Loaded:
     expected = set(backend.build(loaded, {}).state_dict())
     loaded.files = CheckpointFiles(folder, expected, adapter.checkpoint_aliases, backend.base_prefix(loaded))
     return loaded
+
+
+def write_loaded(model, folder: str | Path, index: int = 0) -> str:
+    """Write a model object given to the Python API as a checkpoint folder that load() reads; return its name
+    (where it came from, marked as in memory: its weights may have changed since).  A transformers model is
+    written with its config and tokenizer (the second item of a (model, tokenizer) pair, else the tokenizer of
+    the folder or Hub id it was loaded from); a timm model with its pretrained config (preprocessing) and the
+    model_args of a (model, model_args) pair."""
+    model, companion = model if isinstance(model, tuple) and len(model) == 2 else (model, None)
+    folder = Path(folder)
+    if hasattr(model, "save_pretrained") and hasattr(model, "config"):  # transformers
+        origin = getattr(model, "name_or_path", "") or type(model).__name__
+        tokenizer = companion
+        if tokenizer is None and origin != type(model).__name__:
+            from .backends import BACKENDS, has_tokenizer_files, is_local
+            if not is_local(origin) or has_tokenizer_files(Path(origin).expanduser()):
+                tokenizer = BACKENDS["transformers"].tokenizer(origin)
+        if tokenizer is None:
+            raise ModelLoadError(f"model {index} ({type(model).__name__}) was not loaded from a folder or Hub id with "
+                                 "a tokenizer: pass it as a (model, tokenizer) pair")
+        model.save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+    elif isinstance(model, nn.Module) and hasattr(model, "pretrained_cfg"):  # timm
+        from timm.models import save_for_hf
+        origin = model.pretrained_cfg.get("architecture") or type(model).__name__
+        save_for_hf(model, str(folder), model_args=companion, safe_serialization=True)
+    else:
+        raise TypeError(f"model {index} is a {type(model).__name__}: give a folder, a Hub id, a transformers "
+                        "PreTrainedModel (or a (model, tokenizer) pair) or a timm model (or a (model, model_args) "
+                        "pair)")
+    return f"{origin} (in memory)"
 
 
 class SourceGraph(LazyGraph):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from math import comb
@@ -17,7 +18,7 @@ from typing import Any
 
 from .devices import resolve_device
 from .errors import OptionError, UserError
-from .match.learned import DEFAULT_HOLDOUT
+from .match.alignment import DEFAULT_HOLDOUT
 
 DEFAULT_LM_DATA = "wikitext:wikitext-103-raw-v1:test"
 DEFAULT_LAMBDAS = 11
@@ -25,6 +26,7 @@ DEFAULT_ALPHA = 0.5
 MAX_LATTICE_POINTS = 500  # evaluations of an N-way merge's simplex lattice
 LAMBDA_DISTRIBUTIONS = ("uniform", "narrow")
 DEFAULT_LAMBDA_DIST = {"lm": "narrow", "dual": "uniform"}  # Theus et al. / Li & Shen
+HARMLESS_WHEN_IGNORED = ("checkpoint_dir",)  # a place that is not used: warned about, not refused
 
 
 def option(default: Any = None, help: str = "", *, group: str = "", choices: tuple | None = None,
@@ -67,8 +69,8 @@ class MergeOptions:
     text_field: str = option("text", "text field of .jsonl / datasets rows", group=EVALUATION)
     alpha: float | None = option(None, f"two models: the merged model is (1-α)·A + α·π(B) (default {DEFAULT_ALPHA})",
                                  group=EVALUATION, low=0.0, high=1.0)
-    lambdas: int | None = option(None, f"two models: points on the λ grid from 0 to 1 (default {DEFAULT_LAMBDAS})",
-                                 group=EVALUATION, low=2, high=1001)
+    lambdas: int | None = option(None, f"two models: points on the λ grid from 0 to 1, at least 3 (2 would be the "
+                                 f"endpoints alone) (default {DEFAULT_LAMBDAS})", group=EVALUATION, low=2, high=1001)
     simplex_resolution: int | None = option(None, "three or more models: lattice step 1/r on the simplex "
                                             "(default 6 for three models, else the largest r <= N whose lattice has "
                                             "at most "
@@ -165,9 +167,41 @@ class MergeOptions:
         return parse_size(self.max_shard_size)
 
     # --- checks --------------------------------------------------------------------------------------
-    def check(self, n_models: int = 2, num_processes: int | None = None) -> None:
+    def uses_rounds(self) -> bool:
+        """Whether the method runs weight matching (wm, wm-perm, and lm/dual from its solution)."""
+        return self.method not in ("raw", "am")
+
+    def ignored(self, export: bool = True) -> dict[str, str]:
+        """{field: why} for every option set to other than its default that the method (or, export=False, a
+        barrier, which writes no checkpoint) would ignore."""
+        from .match import METHODS
+        method = METHODS.get(self.method)
+        if method is None:
+            return {}
+        why = {}
+        if not method.learned:
+            learned = ", ".join(name for name, m in METHODS.items() if m.learned)
+            why.update({f.name: f"is for the learned methods ({learned}); --method {self.method} trains nothing"
+                        for f in fields_of(MergeOptions) if f.metadata.get("group") == LEARNED})
+        if not method.needs_data:
+            why["match_data"] = f"is for the methods that match on data (am, lm, dual), not --method {self.method}"
+        if self.method != "am":
+            why["am_batches"] = f"is for --method am, not --method {self.method}"
+        if not self.uses_rounds():
+            why["rounds"] = f"caps the rounds of weight matching, which --method {self.method} does not run"
+        if not export:
+            why.update(dtype="sets the merged checkpoint's dtype, and barrier writes no checkpoint (merge does)",
+                       max_shard_size="sets the merged checkpoint's shards, and barrier writes no checkpoint (merge "
+                                      "does)")
+        defaults = MergeOptions()
+        return {name: reason for name, reason in why.items() if getattr(self, name) != getattr(defaults, name)}
+
+    def check(self, n_models: int = 2, num_processes: int | None = None, export: bool = True,
+              refuse_ignored: bool = True) -> None:
         """Raise OptionError naming every bad value (by its flag) and every combination that cannot work.
-        num_processes: of this run (default: WORLD_SIZE, which `accelerate launch` and torchrun set, else 1)."""
+        num_processes: of this run (default: WORLD_SIZE, which `accelerate launch` and torchrun set, else 1);
+        export: whether a checkpoint is written (merge) or not (barrier); refuse_ignored: whether an option the run
+        would ignore is refused (a recipe leaves such options out of its merge command instead)."""
         if num_processes is None:
             import os
             num_processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -209,6 +243,12 @@ class MergeOptions:
             problems.append("--fsdp shards the endpoints over the processes of `accelerate launch --num_processes N`, "
                             "and this run has one process: launch it with accelerate, or drop --fsdp "
                             "(--gradient-checkpointing saves memory in one process)")
+        flags = {f.name: flag_of(f) for f in fields_of(MergeOptions)}
+        problems += [f"{flags[name]} {why}: drop it" for name, why in self.ignored(export).items()
+                     if refuse_ignored and name not in HARMLESS_WHEN_IGNORED]
+        if n_models == 2 and self.lambdas == 2:
+            problems.append("--lambdas 2 evaluates the endpoints alone, whose excess over the endpoint line is 0 by "
+                            "definition: the barrier would measure nothing; use --lambdas 3 or more")
         problems += device_problems(self.device, "--device")
         if num_processes > 1 and self.device.startswith("cuda:"):
             problems.append(f"--device {self.device} names one GPU, and under `accelerate launch` every process "
@@ -238,10 +278,10 @@ def lattice_size(n_models: int, resolution: int) -> int:
 
 
 def device_problems(device: str | None, flag: str) -> list[str]:
-    import torch
     if device in (None, "auto", "cpu"):
         return []
     if device == "cuda" or device.startswith("cuda:"):
+        import torch
         index = device.partition(":")[2]
         if index and not index.isdigit():
             return [f"{flag} {device!r} is not a device: use cpu, cuda or cuda:N"]
@@ -375,3 +415,17 @@ def option_table(cls) -> dict[str, dict]:
     """{recipe key: {"flag", "type", "choices", "help"}} of an options dataclass (what recipes may set)."""
     return {f.name: {"flag": flag_of(f), "type": value_type(cls, f), "choices": f.metadata.get("choices"),
                      "help": f.metadata.get("help", "")} for f in fields_of(cls)}
+
+
+API_KEYWORDS = {"--out": "out", "--force": "force=True", "--json": "json_path", "--push-to-hub": "push_to_hub",
+                "--private": "private=True", "--model": "model"}
+
+
+def python_terms(message: str) -> str:
+    """A message of the command line's with every flag written as the keyword of the Python API that sets it
+    (`--seq-len` as `seq_len`, `--force` as `force=True`)."""
+    keywords = dict(API_KEYWORDS)
+    for cls in (MergeOptions, TokenizeOptions):
+        for f in fields_of(cls):
+            keywords[flag_of(f)] = f"{f.name}=True" if value_type(cls, f) is bool else f.name
+    return re.sub(r"(?<![\w-])--[a-z][a-z0-9-]*(?![\w-])", lambda m: keywords.get(m.group(0), m.group(0)), message)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .canonical import interpolate
+from .checks import check_request
 from .errors import IncompatibleModelsError, OptionError
 from .evaluation import (
     EvalData,
@@ -30,7 +31,7 @@ from .evaluation import (
     simplex_lattice,
     worst_excess,
 )
-from .io import ShardWriter, atomic_output_dir, atomic_write, check_output_dir, check_output_file
+from .io import ShardWriter, atomic_output_dir, atomic_write
 from .match import METHODS, Alignment, MatchContext
 from .models import Loaded, canonicalise, check_compatible, check_same_structure, instantiate, load, save
 from .options import DEFAULT_LM_DATA, MergeOptions
@@ -54,20 +55,20 @@ class MergeResult:
 
 def run(models: list[str], options: MergeOptions, *, out: str | Path | None = None, force: bool = False,
         json_path: str | Path | None = None, push_to: str | None = None, private: bool = False,
-        progress: bool = True, command: str | None = None) -> MergeResult:
+        progress: bool = True, command: str | None = None, names: list[str] | None = None,
+        checked: bool = False) -> MergeResult:
+    """names: what the report, card and messages call the models (default: `models`, the folders or Hub ids; the
+    API names a loaded model, written to a temporary folder, by where it came from).  checked: check_request has
+    run already (the command line runs it before it imports this module)."""
     models = [str(m) for m in models]
-    options.check(len(models))
-    if out is not None:
-        check_output_dir(out, force=force, sources=tuple(models))
-    if json_path is not None:
-        check_output_file(json_path, "--json")
-    if push_to is not None:
-        from .hub import check_push_target
-        check_push_target(push_to)
-    preflight(models, options)
+    names = list(names or models)
+    if not checked:
+        check_request(models, options, out=out, force=force, json_path=json_path, push_to=push_to)
 
     timings, start = {}, time.perf_counter()
     loaded = [load(source) for source in models]
+    for model, name in zip(loaded, names):
+        model.source = name
     narrower = [k for k, other in enumerate(loaded[1:], start=1) if embeddable(loaded[0], other)]
     for k, other in enumerate(loaded[1:], start=1):
         check_compatible(loaded[0], other, shapes=k not in narrower)
@@ -75,8 +76,8 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     embedding_notes = []
     for k in narrower:  # written exactly into the first (wider) model's configuration
         graphs[k] = embed(graphs[k], graphs[0].spec, norm_eps=graphs[0].norm_eps)
-        embedding_notes.append(f"{models[k]} (residual width {loaded[k].spec.d_model}) was embedded exactly into "
-                               f"the configuration of {models[0]} (width {loaded[0].spec.d_model}) before matching")
+        embedding_notes.append(f"{names[k]} (residual width {loaded[k].spec.d_model}) was embedded exactly into "
+                               f"the configuration of {names[0]} (width {loaded[0].spec.d_model}) before matching")
     for k, graph in enumerate(graphs[1:], start=1):
         check_same_structure(graphs[0], graph, ("model 0", f"model {k}") if len(graphs) > 2 else ("A", "B"))
     timings["load_s"] = time.perf_counter() - start
@@ -108,50 +109,19 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     export_bytes = sum(p.stat().st_size for p in template.files.files) if out is not None else 0
     with held([g if t.is_identity() else apply(g, t) for g, t in zip(graphs, alignment.transforms)], out,
               reserve=export_bytes) as aligned:
-        report = evaluate_report(models, aligned, alignment, template, data, data_spec, options, timings, progress,
-                                 command or equivalent_command(models, options, out))
+        report = evaluate_report(names, aligned, alignment, template, data, data_spec, options, timings, progress,
+                                 command or equivalent_command(names, options, out))
         result = MergeResult(report, alignment.transforms)
         if out is not None:
             _, merged_at = evaluation_points(len(models), options)
-            result.out = export(Path(out), force, models, aligned, merged_at, alignment, template, report, options)
+            result.out = export(Path(out), force, models, aligned, merged_at, alignment, template, report, options,
+                                names)
     if json_path is not None:
         atomic_write(json_path, report_text(report))
     if push_to is not None:
         from .hub import push
         push(result.out, push_to, private=private)
     return result
-
-
-def preflight(models: list[str], options: MergeOptions) -> None:
-    """The checks that need configs but no weights: every source is a model of one library, the data can be
-    read for it, the window fits its context, a checkpoint to resume from exists."""
-    from .backends import backend_of
-    from .data import check_spec_exists
-    from .models import read_config_json
-    backends = {backend_of(read_config_json(source)).name for source in models}
-    if len(backends) > 1:
-        raise OptionError(f"the models come from different libraries ({', '.join(sorted(backends))}): only models of "
-                          "one architecture can be merged")
-    if backends == {"timm"} and not options.data:
-        raise OptionError("--data is required for image models (an ImageFolder, an .npz or a Hub dataset)")
-    if backends == {"transformers"} and options.seq_len is not None:
-        from transformers import AutoConfig
-
-        from .adapters import get_adapter
-        from .evaluation import check_context
-        hub_config = read_config_json(models[0])
-        adapter = get_adapter((hub_config.get("architectures") or [""])[0])
-        config = AutoConfig.from_pretrained(models[0])
-        check_context(options.seq_len, adapter.context_length(config))
-    for flag, spec in (("--data", options.data), ("--match-data", options.match_data),
-                       ("--train-data", options.train_data)):
-        if spec:
-            check_spec_exists(spec, flag)
-    if options.resume and not Path(options.resume).expanduser().exists():
-        raise OptionError(f"--resume {options.resume}: no such checkpoint file or folder")
-    if options.resume and Path(options.resume).expanduser().is_file():  # readable, and a checkpoint at all
-        from .match.train_loop import read_checkpoint
-        read_checkpoint(Path(options.resume).expanduser())
 
 
 def embeddable(wide: Loaded, other: Loaded) -> bool:
@@ -294,7 +264,9 @@ def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, dat
 
     metric = "perplexity" if data.task == "causal-lm" else "accuracy"
     lambdas = [w[1] for w in weights] if n == 2 else [list(w) for w in weights]
-    settings = {**alignment.settings, "batch_size": options.batch_size, "rounds": options.rounds}
+    settings = {**alignment.settings, "batch_size": options.batch_size}
+    if options.uses_rounds():
+        settings["rounds"] = options.rounds
     settings.update({"lambdas": options.lambda_points(), "seq_len": (data.info or {}).get("seq_len"),
                      "max_eval_tokens": options.max_eval_tokens} if n == 2 else
                     {"simplex_resolution": options.resolution(n)})
@@ -337,7 +309,7 @@ def transforms_tensors(transforms: list[Transform]) -> dict:
 
 
 def export(out: Path, force: bool, models: list[str], aligned, merged_at, alignment: Alignment, template: Loaded,
-           report: Report, options: MergeOptions) -> Path:
+           report: Report, options: MergeOptions, names: list[str] | None = None) -> Path:
     from .cards import write_card
     with atomic_output_dir(out, force=force, sources=tuple(models)) as tmp:
         start = time.perf_counter()
@@ -349,10 +321,10 @@ def export(out: Path, force: bool, models: list[str], aligned, merged_at, alignm
         report.timings["export_s"] = time.perf_counter() - start
         atomic_write(tmp / "barrier.json", report_text(report))
         if len(models) == 2:
-            names = " × ".join(Path(m).name for m in models)
-            plot_path({report.method: report.to_dict()}, tmp / "barrier.png", f"{names}  ({report.method})")
+            title = " × ".join(Path(m).name for m in names or models)
+            plot_path({report.method: report.to_dict()}, tmp / "barrier.png", f"{title}  ({report.method})")
         else:
-            plot_simplex(report.to_dict(), tmp / "barrier.png", models)
+            plot_simplex(report.to_dict(), tmp / "barrier.png", names or models)
         write_card(tmp, model_name=out.name)
     return out.expanduser().absolute()
 

@@ -16,7 +16,6 @@ from .options import (
     option_table,
     range_problems,
 )
-from .token_files import TOKEN_FILE_SUFFIX
 
 FIELDS = {  # top-level field -> (YAML type, what it means)
     "description": (str, "one line shown by `hf-rebasin run --list`"),
@@ -159,7 +158,8 @@ def option_problems(step: str, options, n_models: int | None = None, processes: 
         problems += device_problems(options.device, f"`{step}.device`")
     if n_models is not None and not problems:
         try:
-            options.check(n_models=n_models, num_processes=processes) if step == "merge" else options.check()
+            options.check(n_models=n_models, num_processes=processes, refuse_ignored=False) if step == "merge" \
+                else options.check()
         except OptionError as error:
             problems = [str(error)]
     return [in_recipe_terms(step, p) for p in problems]
@@ -183,6 +183,7 @@ def check_launch(launch: dict) -> list[str]:
 
 
 def check_tokenize(fields: dict) -> list[str]:
+    from .token_files import TOKEN_FILE_SUFFIX  # numpy and torch: not for --help
     block, problems = fields["tokenize"], []
     if isinstance(block.get("out"), str) and not block["out"].endswith(TOKEN_FILE_SUFFIX):
         problems.append(f"`tokenize.out` must name a {TOKEN_FILE_SUFFIX} file (a token file), got {block['out']!r}")

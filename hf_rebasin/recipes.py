@@ -232,8 +232,11 @@ def missing_paths(recipe: Recipe) -> list[str]:
 def option_argv(recipe: Recipe, step: str) -> list[str]:
     """The --flags of a (checked) block, in the order it lists them; a true/false option is its flag or nothing."""
     options, argv = block_keys(step), []
+    # what the method ignores (the training budget of a dual recipe run with `--set method=wm`) is left out of the
+    # merge command, as the tokenize step is left out
+    ignored = step_options(recipe.fields, step).ignored() if step == "merge" else {}
     for key, value in recipe.block(step).items():
-        if key in REQUIRED_IN_BLOCK.get(step, ()) or value is None:
+        if key in REQUIRED_IN_BLOCK.get(step, ()) or value is None or key in ignored:
             continue
         flag, kind = options[key]["flag"], options[key]["type"]
         if kind is bool:

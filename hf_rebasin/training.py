@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from .io import staged_dir
+from .progress import tqdm
 
 # --- a real corpus every machine has: CPython's standard-library sources (PSF License) --------------------
 

@@ -1,4 +1,5 @@
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -11,6 +12,10 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 warnings.filterwarnings("ignore", message=".*bos_token_id.*")
 
 REPO = Path(__file__).resolve().parents[1]
+# The command line of this environment, whatever it is (a venv, conda, `pip install -e .`): its interpreter runs
+# the module, so no scripts folder is assumed.
+HF_REBASIN = [sys.executable, "-m", "hf_rebasin.cli"]
+ACCELERATE_LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
 # Skips allowed under HF_REBASIN_STRICT_SKIPS=1 (what CI sets): only for hardware this machine lacks.
 ALLOWED_SKIP_PREFIXES = ("needs a CUDA GPU",)
 

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import HF_REBASIN
 from hub_server import FakeHub, use_fake_hub, write_merge_output
 
 from hf_rebasin import __version__, models, tiny
@@ -35,7 +36,6 @@ from hf_rebasin.io import STAGING_TAG
 from hf_rebasin.options import EvalOptions, MergeOptions, PushOptions, fields_of, flag_of, value_type
 
 MAX_SECONDS = 1.0  # every refusal comes within this, before any expensive step
-HF_REBASIN = REPO / ".venv" / "bin" / "hf-rebasin"
 
 
 # --- the out-of-range values, from the option dataclasses ---------------------------------------------
@@ -399,13 +399,13 @@ def test_inspect_into_a_closed_pipe_is_quiet(sources):
     stdout buffered, as in a terminal session (PYTHONUNBUFFERED would hide the error at exit)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    with subprocess.Popen([str(HF_REBASIN), "inspect", str(sources[0])], stdout=subprocess.PIPE,
+    with subprocess.Popen([*HF_REBASIN, "inspect", str(sources[0])], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, env=env) as proc:
         proc.stdout.close()  # as `head` does once it has its lines (here: before the first one)
         err = proc.stderr.read().decode()
         code = proc.wait(timeout=120)
     assert code == 0 and err == "", (code, err)
-    shell = subprocess.run(f"'{HF_REBASIN}' inspect --json '{sources[0]}' | head -n 1", shell=True,
+    shell = subprocess.run(f"{shlex.join(HF_REBASIN)} inspect --json '{sources[0]}' | head -n 1", shell=True,
                            capture_output=True, text=True, env=env, timeout=120)
     assert shell.stderr == "" and shell.stdout == "{\n", shell
 

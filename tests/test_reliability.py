@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from pathlib import Path
 import corpus
 import pytest
 import torch
-from conftest import REPO
+from conftest import HF_REBASIN
 from hub_server import TOKEN, FakeHub
 from safetensors.torch import load_file
 
@@ -41,7 +42,6 @@ DOUBLE_SIGINT = "SIGINT twice"  # Ctrl-C, then Ctrl-C again at once: abort witho
 LEARNED_STEPS, CHECKPOINT_EVERY = 40, 8
 LANES = 2  # interruption points checked side by side (one core each)
 RUN_TIMEOUT_S = 180  # one run; a run that outlives it hangs
-HF_REBASIN = REPO / ".venv" / "bin" / "hf-rebasin"
 LOADING = threading.Lock()  # loading in this process: one lane at a time
 OUTPUT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "barrier.json", "barrier.png",
                 "transforms.safetensors", "README.md")
@@ -59,7 +59,7 @@ def base_env(home: Path) -> dict[str, str]:
 def run_to_end(args: list, env: dict) -> float:
     """Run hf-rebasin to the end (it must succeed); return its wall time."""
     start = time.monotonic()
-    done = subprocess.run([str(HF_REBASIN), *map(str, args)], env=env, capture_output=True, text=True,
+    done = subprocess.run([*HF_REBASIN, *map(str, args)], env=env, capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S)
     assert done.returncode == 0, f"{args}\n{done.stderr[-3000:]}"
     return time.monotonic() - start
@@ -69,7 +69,7 @@ def interrupt(args: list, env: dict, delay: float, how, anchor=None) -> tuple[in
     """Start hf-rebasin, send `how` (a signal, or DOUBLE_SIGINT) after `delay` s; return (exit code, stderr).
     anchor=(seen, at): a moment past `at` s is taken from when seen() first holds instead (the first checkpoint of
     a learned run), so that a run slower than the measured one is still interrupted at the same stage."""
-    proc = subprocess.Popen([str(HF_REBASIN), *map(str, args)], env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([*HF_REBASIN, *map(str, args)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     if anchor is not None and delay >= anchor[1]:
         while proc.poll() is None and not anchor[0]():
@@ -250,7 +250,7 @@ def test_interrupted_learned_run_resumes(pair, env, tmp_path):
     # the uninterrupted run: its duration, when its first checkpoint appears, and its transforms
     whole, whole_ckpt = tmp_path / "whole", tmp_path / "whole-ckpt"
     start = time.monotonic()
-    proc = subprocess.Popen([str(HF_REBASIN), *map(str, args(whole, whole_ckpt))], env=env,
+    proc = subprocess.Popen([*HF_REBASIN, *map(str, args(whole, whole_ckpt))], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     first_checkpoint = None
     while proc.poll() is None:
@@ -361,7 +361,7 @@ def test_ctrl_c_that_a_library_turns_into_another_exception(env):
     """A Ctrl-C that cuts short a C extension's import (Python reports "ImportError: initialization failed") or
     a tensor conversion (a ValueError) is still a Ctrl-C: exit code 130 and one line, no traceback; and a second
     Ctrl-C while the command exits changes nothing."""
-    done = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c", CTRL_C_IN_A_LIBRARY], env=env,
+    done = subprocess.run([sys.executable, "-c", CTRL_C_IN_A_LIBRARY], env=env,
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip() == "hf-rebasin inspect: interrupted; nothing was left half-written", done.stderr

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 
 from ..errors import RebasinWarning, UserError
@@ -40,6 +41,17 @@ def build_parser(registers) -> argparse.ArgumentParser:
     return parser
 
 
+def parse(registers, argv: list[str]) -> argparse.Namespace:
+    """The arguments; one that no command knows is refused by the sub-command it was given to."""
+    parser = build_parser(registers)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        prog = f"{parser.prog} {args.command}"
+        parser.exit(EXIT_BAD_INPUT, f"{prog}: error: unrecognized arguments: {' '.join(unknown)} (see {prog} "
+                                    "--help)\n")
+    return args
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     if issubclass(category, RebasinWarning):
         print(f"hf-rebasin: warning: {message}", file=sys.stderr)
@@ -53,13 +65,56 @@ _default_show_warning = warnings.showwarning
 class _CtrlC:
     """SIGINT in the hf-rebasin process: KeyboardInterrupt, as with Python's own handler, but remembered, because
     a library may turn it into another exception (a C extension whose import it cut short reports "ImportError:
-    initialization failed", a tensor conversion a ValueError): that is still a Ctrl-C, not a crash."""
+    initialization failed", a tensor conversion a ValueError): that is still a Ctrl-C, not a crash.
+
+    Python runs a signal handler wherever the main thread is, and that may be inside a finalizer (a `__del__`
+    that the garbage collector calls, a weakref callback: regex's `Group.__del__` during the imports of
+    transformers, for one), where an exception is not raised but reported as "Exception ignored in ..." and
+    dropped: the Ctrl-C was lost and the merge ran to its end.  `unraisable` catches that report and sends the
+    SIGINT again a moment later, when the finalizer has returned, so that it is raised in the code that runs
+    next (and sent again should that be another finalizer)."""
     pressed = False
 
     @classmethod
     def handler(cls, signum, frame):
         cls.pressed = True
+        if _inside(frame, cls.unraisable.__func__.__code__):  # raised here, it would be dropped as well
+            cls.resend()
+            return
         raise KeyboardInterrupt
+
+    @classmethod
+    def unraisable(cls, report) -> None:
+        if issubclass(report.exc_type, KeyboardInterrupt) and cls.pressed:
+            cls.resend()
+            return
+        _default_unraisable(report)
+
+    @staticmethod
+    def resend(delay_s: float = 0.005) -> None:
+        main_thread = threading.main_thread().ident
+
+        def send():
+            time.sleep(delay_s)
+            signal.pthread_kill(main_thread, signal.SIGINT)
+        threading.Thread(target=send, daemon=True).start()
+
+    @classmethod
+    def install(cls) -> None:
+        cls.pressed = False
+        signal.signal(signal.SIGINT, cls.handler)
+        sys.unraisablehook = cls.unraisable
+
+
+def _inside(frame, code) -> bool:
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_default_unraisable = sys.unraisablehook
 
 
 def _interrupted(whole_process: bool, what: str) -> int:
@@ -75,11 +130,10 @@ def main(registers, argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     whole_process = argv is None and threading.current_thread() is threading.main_thread()  # the hf-rebasin command
     if whole_process:  # not when main() is called inside a program: its SIGINT handling stays its own
-        _CtrlC.pressed = False
-        signal.signal(signal.SIGINT, _CtrlC.handler)
+        _CtrlC.install()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser(registers).parse_args(argv)  # imports torch: Ctrl-C often lands here
+        args = parse(registers, argv)
     except KeyboardInterrupt:
         return _interrupted(whole_process, "hf-rebasin")
     except Exception:

@@ -64,10 +64,12 @@ def print_summary(report, out: Path | None) -> None:
 
 
 def run_merge(args) -> int:
-    from ..pipeline import run
+    from ..checks import check_request
     options = from_namespace(MergeOptions, args)
+    check_request(args.models, options, out=args.out, force=args.force, push_to=args.push_to_hub)  # before torch
+    from ..pipeline import run
     result = run(args.models, options, out=args.out, force=args.force, push_to=args.push_to_hub,
-                 private=args.private, command="hf-rebasin " + shlex.join(args.argv))
+                 private=args.private, command="hf-rebasin " + shlex.join(args.argv), checked=True)
     if result.report is not None:  # None in the other processes of `accelerate launch`
         print_summary(result.report, result.out)
         if args.push_to_hub:
@@ -76,9 +78,12 @@ def run_merge(args) -> int:
 
 
 def run_barrier(args) -> int:
-    from ..pipeline import run
+    from ..checks import check_request
     options = from_namespace(MergeOptions, args)
-    result = run(args.models, options, json_path=args.json, command="hf-rebasin " + shlex.join(args.argv))
+    check_request(args.models, options, json_path=args.json)  # before torch is imported
+    from ..pipeline import run
+    result = run(args.models, options, json_path=args.json, command="hf-rebasin " + shlex.join(args.argv),
+                 checked=True)
     if result.report is not None:
         print_summary(result.report, None)
     return 0
@@ -172,7 +177,8 @@ def register_eval_and_push(subparsers) -> None:
 
 
 def run_tokenize(args) -> int:
-    from .. import tokenize
+    from .. import tokenize as api_tokenize
+    tokenize = api_tokenize.__wrapped__  # its errors name the flags, not the keywords
     options = from_namespace(TokenizeOptions, args)
     options.check()
     record = tokenize(args.data, args.model, args.out, text_field=options.text_field, split=options.split,

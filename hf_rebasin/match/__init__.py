@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..canonical import Graph
-from ..symmetry import Transform
 from .alignment import Alignment, MatchContext
+
+if TYPE_CHECKING:  # torch is imported when a method runs, not when the registry is read (--help)
+    from ..canonical import Graph
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ def register_method(method: Method) -> Method:
 
 def raw(graphs: list[Graph], context: MatchContext) -> Alignment:
     """No alignment: the plain average of the checkpoints."""
+    from ..symmetry import Transform
     return Alignment([Transform.identity(g.spec) for g in graphs])
 
 

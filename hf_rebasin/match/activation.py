@@ -13,9 +13,9 @@ from contextlib import contextmanager
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..canonical import Graph, layer_key
+from ..progress import tqdm
 from ..symmetry import Transform
 from .alignment import Alignment
 from .linalg import assignment, best_permutation_matrix

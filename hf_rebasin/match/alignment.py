@@ -3,9 +3,12 @@ import this module, never the registry)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..symmetry import Transform
+if TYPE_CHECKING:  # (torch is not needed to read the registry)
+    from ..symmetry import Transform
+
+DEFAULT_HOLDOUT = 32  # training examples held out to choose the returned learned parameters (at most)
 
 
 @dataclass

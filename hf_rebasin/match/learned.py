@@ -48,13 +48,13 @@ from torch import Tensor, nn
 from ..canonical import Graph, interpolate, residual_role
 from ..errors import OptionError, UserError
 from ..symmetry import apply, compose
+from .alignment import DEFAULT_HOLDOUT
 from .params import SymmetryParams
 from .path import PathOfEnds, stored, strip_parameters
 
 LEARNED_SETTINGS = ("method", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
                     "lambda_dist", "learn_seed", "eval_every", "eval_subset", "holdout", "checkpoint_every",
                     "checkpoint_dir", "resume", "learn_precision", "device", "gradient_checkpointing", "fsdp")
-DEFAULT_HOLDOUT = 32  # training examples held out to choose the returned learned parameters (at most)
 
 
 def trajectory_settings(options) -> dict:

@@ -5,9 +5,8 @@ average of the models aligned so far; then each model is matched once more to th
 all the others (one refinement pass), so that no model's frame is privileged by its position."""
 from __future__ import annotations
 
-from tqdm.auto import tqdm
-
 from ..canonical import Graph, interpolate
+from ..progress import tqdm
 from ..symmetry import apply
 from .alignment import Alignment
 from .weight import balance_transform, weight_matching

@@ -24,9 +24,9 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from ..errors import UserError
+from ..progress import tqdm
 from ..training import lr_factor
 
 CHECKPOINT_FORMAT = "hf-rebasin-learned-matching/1"

@@ -1,0 +1,63 @@
+"""The checks of a merge or barrier request that need no weights (and, but for `--seq-len`'s context and a
+`--resume` file, no torch): options, the sources' configs, the data specs, the output place.  They run before
+the first expensive step, and the command line runs them before it imports the pipeline, so that a refusal
+comes within a second."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from .data_specs import check_spec_exists
+from .errors import OptionError, RebasinWarning
+
+
+def check_request(models: list[str], options, *, out=None, force: bool = False, json_path=None,
+                  push_to: str | None = None) -> None:
+    """Raise a UserError for the first problem of the request (every option problem at once)."""
+    from .io import check_output_dir, check_output_file
+    options.check(len(models), export=out is not None)
+    if out is not None:
+        check_output_dir(out, force=force, sources=tuple(models), probe=True)
+    if json_path is not None:
+        check_output_file(json_path, "--json")
+    if push_to is not None:
+        from .hub import check_push_target
+        check_push_target(push_to)
+    preflight(models, options)
+    from .options import HARMLESS_WHEN_IGNORED, MergeOptions, fields_of, flag_of
+    flags = {f.name: flag_of(f) for f in fields_of(MergeOptions)}
+    for name, why in options.ignored(export=out is not None).items():
+        if name in HARMLESS_WHEN_IGNORED:
+            warnings.warn(f"{flags[name]} {why}: it is not used", RebasinWarning, stacklevel=2)
+
+
+def preflight(models: list[str], options) -> None:
+    """The checks that need configs but no weights: every source is a model of one library, the data can be
+    read for it, the window fits its context, a checkpoint to resume from exists."""
+    from .backends import backend_of, read_config_json
+    backends = {backend_of(read_config_json(source)).name for source in models}
+    if len(backends) > 1:
+        raise OptionError(f"the models come from different libraries ({', '.join(sorted(backends))}): only models of "
+                          "one architecture can be merged")
+    if backends == {"timm"} and not options.data:
+        raise OptionError("--data is required for image models (an ImageFolder, an .npz or a Hub dataset)")
+    for flag, spec in (("--data", options.data), ("--match-data", options.match_data),
+                       ("--train-data", options.train_data)):
+        if spec:
+            check_spec_exists(spec, flag)
+    if backends == {"transformers"} and options.seq_len is not None:
+        from transformers import AutoConfig
+
+        from .adapters import get_adapter
+        from .evaluation import check_context
+        hub_config = read_config_json(models[0])
+        adapter = get_adapter((hub_config.get("architectures") or [""])[0])
+        config = AutoConfig.from_pretrained(models[0])
+        check_context(options.seq_len, adapter.context_length(config))
+    if options.resume and not Path(options.resume).expanduser().exists():
+        raise OptionError(f"--resume {options.resume}: no such checkpoint file or folder")
+    if options.resume and Path(options.resume).expanduser().is_file():  # readable, and a checkpoint at all
+        from .match.train_loop import read_checkpoint
+        read_checkpoint(Path(options.resume).expanduser())
+
+
