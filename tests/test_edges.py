@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HF_REBASIN, REPO
+from conftest import HF_REBASIN
 
 import hf_rebasin
 from hf_rebasin import tiny
@@ -275,7 +275,12 @@ def test_lm_eval_git_lookup_is_quiet_outside_a_repository(tmp_path, monkeypatch,
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert quiet_git_hash() is None
     assert capfd.readouterr().err == ""
-    monkeypatch.chdir(REPO)
+    repo = tmp_path / "repo"  # (a repository of its own: CI runs the tests in a copy that is none)
+    repo.mkdir()
+    for command in (["git", "init", "-q"], ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                                            "--allow-empty", "-m", "a commit"]):
+        subprocess.run(command, cwd=repo, check=True)
+    monkeypatch.chdir(repo)
     assert quiet_git_hash()
 
 
