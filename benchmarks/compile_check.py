@@ -29,10 +29,10 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from merge_size import PYTHIA, make_checkpoint  # noqa: E402
 
-from hf_rebasin import models  # noqa: E402
-from hf_rebasin.canonical import mix  # noqa: E402
-from hf_rebasin.cuda_rules import Recorder  # noqa: E402
+from hf_rebasin.core.canonical import mix  # noqa: E402
+from hf_rebasin.match.cuda_rules import Recorder  # noqa: E402
 from hf_rebasin.match.params import SymmetryParams  # noqa: E402
+from hf_rebasin.sources import models  # noqa: E402
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""What one learned-matching step asks of a GPU, counted on the CPU under CUDA's rules (hf_rebasin/cuda_rules.py).
+"""What one learned-matching step asks of a GPU, counted on the CPU under CUDA's rules (hf_rebasin/match/cuda_rules.py).
 
     .venv/bin/python benchmarks/cuda_step_counts.py                 # Pythia-70M shape, batch 2 x 64
     .venv/bin/python benchmarks/cuda_step_counts.py --config 160m --json counts.json
@@ -25,8 +25,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from merge_size import PYTHIA, make_checkpoint  # noqa: E402
 
-from hf_rebasin import models  # noqa: E402
-from hf_rebasin.cuda_rules import check_plain_step, check_step  # noqa: E402
+from hf_rebasin.match.cuda_rules import check_plain_step, check_step  # noqa: E402
+from hf_rebasin.sources import models  # noqa: E402
 
 
 def main() -> int:

@@ -3,7 +3,7 @@
     python benchmarks/gpu_check.py                  # on a GPU: Pythia-160M and Pythia-1B configs, 40 dual steps each
     .venv/bin/python benchmarks/gpu_check.py --device cpu --configs 14m --steps 4 --batch 2 --seq 64   # CPU smoke run
 
-First, on the CPU and in seconds, one dual step of every config runs under CUDA's rules (hf_rebasin/cuda_rules.py:
+First, on the CPU and in seconds, one dual step of every config runs under CUDA's rules (hf_rebasin/match/cuda_rules.py:
 fake CUDA tensors under CUDA's autocast, the dtype rules and the host syncs of a GPU): a step CUDA would reject
 stops the script before any GPU time is spent, and the step's aten ops, launches and syncs are printed.
 
@@ -44,14 +44,15 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from merge_size import PYTHIA, make_checkpoint  # noqa: E402
 
-from hf_rebasin import models  # noqa: E402
-from hf_rebasin.cuda_rules import check_step  # noqa: E402
-from hf_rebasin.evaluation import EvalData, evaluate  # noqa: E402
+from hf_rebasin.core.symmetry import Transform, apply  # noqa: E402
+from hf_rebasin.evaluation.barrier import evaluate  # noqa: E402
 from hf_rebasin.match import Alignment  # noqa: E402
+from hf_rebasin.match.cuda_rules import check_step  # noqa: E402
 from hf_rebasin.match.learned import learn  # noqa: E402
 from hf_rebasin.match.train_loop import make_optimizer  # noqa: E402
 from hf_rebasin.options import MergeOptions  # noqa: E402
-from hf_rebasin.symmetry import Transform, apply  # noqa: E402
+from hf_rebasin.sources import models  # noqa: E402
+from hf_rebasin.sources.eval_data import EvalData  # noqa: E402
 
 EXACT_NATS = 1e-3
 

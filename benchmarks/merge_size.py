@@ -28,8 +28,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from hf_rebasin.io import ShardWriter  # noqa: E402
-from hf_rebasin.sources import CheckpointFiles  # noqa: E402
+from hf_rebasin.export.io import ShardWriter  # noqa: E402
+from hf_rebasin.sources.checkpoints import CheckpointFiles  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
 # the published Pythia configs (EleutherAI/pythia-*/config.json): hidden, layers, heads, FFN, vocabulary

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from hf_rebasin.data import read_images, read_texts, split_text, token_windows  # noqa: E402
+from hf_rebasin.sources.data import read_images, read_texts, split_text, token_windows  # noqa: E402
 from hf_rebasin.training import causal_lm_loss, classifier_metrics, save_lm, save_vit, train_causal_lm, train_vit  # noqa: E402
 
 SHARED_DATA = REPO.parent / "shared" / "data"

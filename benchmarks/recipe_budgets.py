@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/recipe_budgets.py
 
 For each recipe: its steps, batch and window length and launch.num_processes as written, the parameter count and
-residual width of the published config (a model built on the meta device), and what hf_rebasin/budget.py makes of
+residual width of the published config (a model built on the meta device), and what hf_rebasin/hub/budget.py makes of
 them: training tokens, flop (a third more with gradient checkpointing) and GPU hours (an estimate from arithmetic
 at an assumed utilisation, not a measurement).
 """
@@ -19,8 +19,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from merge_size import config_of  # noqa: E402
 
-from hf_rebasin import recipes  # noqa: E402
-from hf_rebasin.budget import ASSUMED_UTILISATION, REFERENCE_GPU, REFERENCE_TFLOPS, training_budget  # noqa: E402
+from hf_rebasin.hub import recipes  # noqa: E402
+from hf_rebasin.hub.budget import ASSUMED_UTILISATION, REFERENCE_GPU, REFERENCE_TFLOPS, training_budget  # noqa: E402
 
 
 def main() -> None:

@@ -19,9 +19,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from merge_size import PYTHIA, make_checkpoint  # noqa: E402
 
-from hf_rebasin.models import canonicalise, load  # noqa: E402
-from hf_rebasin.sources import SpilledGraph, canonical_bytes  # noqa: E402
-from hf_rebasin.symmetry import apply, random_transform  # noqa: E402
+from hf_rebasin.core.symmetry import apply, random_transform  # noqa: E402
+from hf_rebasin.sources.checkpoints import SpilledGraph, canonical_bytes  # noqa: E402
+from hf_rebasin.sources.models import canonicalise, load  # noqa: E402
 
 GIB = 2**30
 

@@ -31,9 +31,9 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
 import hf_rebasin  # noqa: E402
-from hf_rebasin import models  # noqa: E402
 from hf_rebasin.match.learned import PathLoss  # noqa: E402
 from hf_rebasin.match.params import SymmetryParams  # noqa: E402
+from hf_rebasin.sources import models  # noqa: E402
 
 WAITS = {"_local_scalar_dense", "nonzero", "_unique2", "_linalg_check_errors"}
 

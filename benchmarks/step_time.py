@@ -49,9 +49,9 @@ def build_step(mode: str, folder: Path, batch: int, seq: int, device: str):
     """A closure running one step of the mode: plain forward + backward of model A, or a dual / lm step."""
     import torch
 
-    from hf_rebasin import models
     from hf_rebasin.match.learned import PathLoss
     from hf_rebasin.match.params import SymmetryParams
+    from hf_rebasin.sources import models
     a = models.load(folder / "m0")
     x = torch.randint(0, 50304, (batch, seq), generator=torch.Generator().manual_seed(0)).to(device)
     autocast = torch.bfloat16 if device.startswith("cuda") else None

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from hf_rebasin.canonical import LazyGraph  # noqa: E402
+from hf_rebasin.core.canonical import LazyGraph  # noqa: E402
 from hf_rebasin.match import weight  # noqa: E402
 
 VARIANTS = ("wm", "perm", "no-head-maps", "1-round", "no-positions", "tokens-seen", "tokens-log", "tokens-sqrt",
@@ -81,8 +81,8 @@ class Weighted(LazyGraph):
 def with_fitted_scale(match, norms: bool = False):
     """`match`, then B's residual scale set to the least-squares g between the aligned models' writes (with
     `norms`, the ratio of their norms)."""
-    from hf_rebasin.canonical import residual_role
-    from hf_rebasin.symmetry import apply
+    from hf_rebasin.core.canonical import residual_role
+    from hf_rebasin.core.symmetry import apply
 
     def run(a, b, **kw):
         result = match(a, b, **kw)

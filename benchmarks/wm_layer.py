@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from merge_size import PYTHIA, config_of, random_tensors  # noqa: E402
 
-from hf_rebasin.io import ShardWriter  # noqa: E402
+from hf_rebasin.export.io import ShardWriter  # noqa: E402
 
 
 def write_pair(name: str, layers: int, folder: Path) -> list[Path]:
@@ -57,9 +57,9 @@ def main() -> None:
                         help="the linear-assignment solver (auto: lapjv when installed)")
     parser.add_argument("--top", type=int, default=14, help="functions to list")
     args = parser.parse_args()
-    from hf_rebasin import models
     from hf_rebasin.match import linalg
     from hf_rebasin.match.weight import weight_matching
+    from hf_rebasin.sources import models
     if args.solver != "auto":
         linalg.SOLVER = args.solver
     with tempfile.TemporaryDirectory(dir=REPO / "runs" if (REPO / "runs").is_dir() else None) as folder:

@@ -32,7 +32,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from hf_rebasin.data import token_windows  # noqa: E402
+from hf_rebasin.sources.data import token_windows  # noqa: E402
 from hf_rebasin.training import (  # noqa: E402
     EOS,
     causal_lm_loss,

@@ -41,7 +41,7 @@ def _model_folders(models):
     if isinstance(models, (str, os.PathLike)):
         raise TypeError(f"models must be a list of two or more models, e.g. [{str(models)!r}, 'path/b'] (a single "
                         f"string would be read as a list of its characters), got {str(models)!r}")
-    from .models import write_loaded
+    from .sources.models import write_loaded
     models = list(models)
     with tempfile.TemporaryDirectory(prefix="hf-rebasin-loaded-") as folder:
         paths, names = [], []
@@ -84,9 +84,9 @@ def tokenize(data, model, out, *, text_field: str = "text", split: str | None = 
              force: bool = False, progress: bool = True) -> dict:
     """Tokenise a text spec (as --data takes it) with the model's tokenizer into a token file `out` (.npy, read
     memory-mapped by --train-data); a datasets spec is read as a streaming split.  Returns what the file holds."""
-    from .backends import BACKENDS
     from .errors import UserError
-    from .token_files import metadata_path, write_token_file
+    from .sources.backends import BACKENDS
+    from .sources.token_files import metadata_path, write_token_file
     if max_tokens is not None and max_tokens < 1:
         raise UserError(f"--max-tokens must be at least 1, got {max_tokens}")
     if Path(out).expanduser().exists() and not force:
@@ -99,7 +99,7 @@ def tokenize(data, model, out, *, text_field: str = "text", split: str | None = 
 
 def load(source):
     """A supported model (Hub id or local folder), loaded in fp32 with its adapter and backend."""
-    from .models import load as load_model
+    from .sources.models import load as load_model
     return load_model(source)
 
 

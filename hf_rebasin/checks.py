@@ -7,21 +7,21 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from .data_specs import check_spec_exists
 from .errors import OptionError, RebasinWarning
+from .sources.data_specs import check_spec_exists
 
 
 def check_request(models: list[str], options, *, out=None, force: bool = False, json_path=None,
                   push_to: str | None = None) -> None:
     """Raise a UserError for the first problem of the request (every option problem at once)."""
-    from .io import check_output_dir, check_output_file
+    from .export.io import check_output_dir, check_output_file
     options.check(len(models), export=out is not None)
     if out is not None:
         check_output_dir(out, force=force, sources=tuple(models), probe=True)
     if json_path is not None:
         check_output_file(json_path, "--json")
     if push_to is not None:
-        from .hub import check_push_target
+        from .hub.push import check_push_target
         check_push_target(push_to)
     preflight(models, options)
     from .options import HARMLESS_WHEN_IGNORED, MergeOptions, fields_of, flag_of
@@ -34,7 +34,7 @@ def check_request(models: list[str], options, *, out=None, force: bool = False, 
 def preflight(models: list[str], options) -> None:
     """The checks that need configs but no weights: every source is a model of one library, the data can be
     read for it, the window fits its context, a checkpoint to resume from exists."""
-    from .backends import backend_of, read_config_json
+    from .sources.backends import backend_of, read_config_json
     backends = {backend_of(read_config_json(source)).name for source in models}
     if len(backends) > 1:
         raise OptionError(f"the models come from different libraries ({', '.join(sorted(backends))}): only models of "
@@ -49,7 +49,7 @@ def preflight(models: list[str], options) -> None:
         from transformers import AutoConfig
 
         from .adapters import get_adapter
-        from .evaluation import check_context
+        from .sources.eval_data import check_context
         hub_config = read_config_json(models[0])
         adapter = get_adapter((hub_config.get("architectures") or [""])[0])
         config = AutoConfig.from_pretrained(models[0])

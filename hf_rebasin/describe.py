@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from .adapters import get_adapter
-from .backends import TimmBackend, backend_of
-from .models import read_config_json
-from .symmetry import describe_group
+from .core.symmetry import describe_group
+from .sources.backends import TimmBackend, backend_of
+from .sources.models import read_config_json
 
 
 def describe(source: str) -> dict:

@@ -163,7 +163,7 @@ class MergeOptions:
         return None if self.dtype == "auto" else getattr(torch, self.dtype)
 
     def shard_bytes(self) -> int:
-        from .io import parse_size
+        from .export.io import parse_size
         return parse_size(self.max_shard_size)
 
     # --- checks --------------------------------------------------------------------------------------

@@ -17,29 +17,29 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .canonical import interpolate
 from .checks import check_request
+from .core.canonical import interpolate
+from .core.symmetry import Transform, apply
+from .core.widths import embed
 from .errors import IncompatibleModelsError, OptionError
-from .evaluation import (
-    EvalData,
+from .evaluation.barrier import (
     evaluate,
     evaluate_points,
     lambda_grid,
-    load_eval_data,
     plot_path,
     plot_simplex,
     simplex_lattice,
     worst_excess,
 )
-from .io import ShardWriter, atomic_output_dir, atomic_write
+from .evaluation.report import Report, report_text
+from .export.checkpoint import save
+from .export.io import ShardWriter, atomic_output_dir, atomic_write
 from .match import METHODS, Alignment, MatchContext
-from .models import Loaded, canonicalise, check_compatible, check_same_structure, instantiate, load, save
 from .options import DEFAULT_LM_DATA, MergeOptions
-from .report import Report, report_text
 from .requirements import installed_versions
-from .symmetry import Transform, apply
+from .sources.eval_data import EvalData, load_eval_data
+from .sources.models import Loaded, canonicalise, check_compatible, check_same_structure, instantiate, load
 from .version import __version__
-from .widths import embed
 
 
 @dataclass
@@ -119,7 +119,7 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     if json_path is not None:
         atomic_write(json_path, report_text(report))
     if push_to is not None:
-        from .hub import push
+        from .hub.push import push
         push(result.out, push_to, private=private)
     return result
 
@@ -127,7 +127,7 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
 def embeddable(wide: Loaded, other: Loaded) -> bool:
     """True when `other` differs from the first model only in widths it can be embedded exactly from (a
     narrower sibling); the merge is then written in the first model's configuration."""
-    from .widths import can_embed
+    from .core.widths import can_embed
     same = dataclasses.replace(other.spec, notes=()) == dataclasses.replace(wide.spec, notes=())
     if same or wide.adapter is not other.adapter:
         return False
@@ -152,8 +152,8 @@ def held(aligned: list, out: str | Path | None, reserve: int = 0):
     transformed (--method raw) or only by per-head maps and permutations (weight matching's reference model: cheap
     products of head width) is recomputed from its checkpoint files wherever it is read.  Without disk room for
     the spill and `reserve` bytes more (the export, written while the spill exists), every model is recomputed."""
-    from .sources import SpilledGraph, canonical_bytes
-    from .symmetry import TransformedGraph
+    from .core.symmetry import TransformedGraph
+    from .sources.checkpoints import SpilledGraph, canonical_bytes
     if sum(canonical_bytes(g) for g in aligned) <= IN_MEMORY_BYTES:
         yield [g.materialise() for g in aligned]
         return
@@ -246,7 +246,7 @@ def evaluation_points(n_models: int, options: MergeOptions) -> tuple[list[tuple[
 
 def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, data: EvalData, data_spec: str,
                     options: MergeOptions, timings: dict, progress: bool, command: str | None) -> Report:
-    from .cards import source_license
+    from .hub.cards import source_license
     n = len(models)
     weights, merged_at = evaluation_points(n, options)
     device = options.resolved_device()
@@ -310,7 +310,7 @@ def transforms_tensors(transforms: list[Transform]) -> dict:
 
 def export(out: Path, force: bool, models: list[str], aligned, merged_at, alignment: Alignment, template: Loaded,
            report: Report, options: MergeOptions, names: list[str] | None = None) -> Path:
-    from .cards import write_card
+    from .hub.cards import write_card
     with atomic_output_dir(out, force=force, sources=tuple(models)) as tmp:
         start = time.perf_counter()
         save(interpolate(aligned, list(merged_at)), template, tmp, dtype=options.export_dtype(),

@@ -23,7 +23,7 @@ def adapter_of(kind: str):
 
 
 def is_image_model(kind: str) -> bool:
-    from .backends import BACKENDS
+    from .sources.backends import BACKENDS
     return BACKENDS[adapter_of(kind).backend].task == "image-classification"
 
 

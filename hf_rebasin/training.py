@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .io import staged_dir
+from .export.io import staged_dir
+from .match.train_loop import lr_factor
 from .progress import tqdm
 
 # --- a real corpus every machine has: CPython's standard-library sources (PSF License) --------------------
@@ -60,14 +61,6 @@ def train_bpe_tokenizer(texts: list[str], vocab_size: int, model_max_length: int
 
 
 # --- training --------------------------------------------------------------------------------------------
-
-def lr_factor(step: int, steps: int, warmup: int, min_ratio: float = 0.1) -> float:
-    """Linear warmup to 1 over `warmup` steps, then cosine decay to `min_ratio` at the last step."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - 1 - warmup)
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
 
 def batch_indices(n: int, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
     """`steps` batches of example indices: fresh random permutations of range(n), back to back."""
@@ -137,7 +130,7 @@ def train_causal_lm(config, windows: torch.Tensor, *, seed: int, steps: int, bat
     check_positive(steps=steps, batch_size=batch_size, lr=lr)
     if not isinstance(windows, torch.Tensor) or windows.dim() != 2 or windows.is_floating_point():
         raise ValueError("windows must be an integer tensor of token ids shaped (n, seq_len); "
-                         "build it with hf_rebasin.data.token_windows.")
+                         "build it with hf_rebasin.sources.data.token_windows.")
     if len(windows) == 0 or windows.shape[1] < 2:
         raise ValueError(f"windows has shape {tuple(windows.shape)}: need at least one window of 2+ tokens.")
     if int(windows.max()) >= config.vocab_size or int(windows.min()) < 0:

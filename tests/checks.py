@@ -4,9 +4,12 @@ import json
 
 import torch
 
-from hf_rebasin import models, symmetry, tiny
+from hf_rebasin import tiny
 from hf_rebasin.cli import main
-from hf_rebasin.symmetry import Transform
+from hf_rebasin.core import symmetry
+from hf_rebasin.core.symmetry import Transform
+from hf_rebasin.export import checkpoint
+from hf_rebasin.sources import models
 
 
 def max_diff(model_a, model_b, inputs):
@@ -34,7 +37,7 @@ def random_group_element_preserves_function(source, kind):
 
 def export_loads_with_stock_loader(source, kind, tmp_path):
     graph = symmetry.apply(models.canonicalise(source), symmetry.random_transform(models.canonicalise(source).spec, 3))
-    models.export(graph, source, tmp_path / "out")
+    checkpoint.export(graph, source, tmp_path / "out")
     if source.adapter.backend == "timm":
         import timm
         reloaded = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()
@@ -69,7 +72,7 @@ def disguise(source_dir, out_dir, seed, permutation_only=False):
         perm = torch.randperm(graph.spec.d_model, generator=torch.Generator().manual_seed(seed))
         t = Transform(torch.eye(graph.spec.d_model)[perm], 1.0, t.head_perm, [None] * len(t.head_perm),
                       [None] * len(t.head_perm), t.ffn_perm, [None] * len(t.head_perm))
-    models.export(symmetry.apply(graph, t), loaded, out_dir)
+    checkpoint.export(symmetry.apply(graph, t), loaded, out_dir)
     return out_dir
 
 

@@ -82,7 +82,7 @@ def train_char_models(root: Path, kind: str, seeds) -> Path:
     """Tiny `kind` LMs trained from each seed on standard-library sources (char-level, 300 steps), saved
     as root/model-SEED, with root/train.txt (the text they saw) and root/test.txt (other files, held out)."""
     from hf_rebasin import tiny
-    from hf_rebasin.data import token_windows
+    from hf_rebasin.sources.data import token_windows
     from hf_rebasin.training import save_lm, train_causal_lm
     (root / "train.txt").write_text(corpus.train_text())
     (root / "test.txt").write_text(corpus.heldout_text())

@@ -39,12 +39,12 @@ def main() -> None:
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    from hf_rebasin import models
-    from hf_rebasin.data import load_token_windows
-    from hf_rebasin.evaluation import EvalData
     from hf_rebasin.match import METHODS, MatchContext, train_loop, weight
     from hf_rebasin.match.learned import exact_digest, is_main_process
     from hf_rebasin.options import MergeOptions
+    from hf_rebasin.sources import models
+    from hf_rebasin.sources.data import load_token_windows
+    from hf_rebasin.sources.eval_data import EvalData
 
     record = {"weight_matching_calls": 0, "all_reduce_sizes_per_step": []}
     all_reduces = []  # numel of every all_reduce since the last step ended

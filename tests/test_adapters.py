@@ -5,9 +5,11 @@ import checks
 import pytest
 import torch
 
-from hf_rebasin import models, symmetry, tiny
+from hf_rebasin import tiny
 from hf_rebasin.adapters import UnsupportedModelError
-from hf_rebasin.symmetry import Transform
+from hf_rebasin.core import symmetry
+from hf_rebasin.core.symmetry import Transform
+from hf_rebasin.sources import models
 
 KINDS = tiny.kinds()  # every tiny variant of every registered adapter
 

@@ -30,10 +30,11 @@ import torch
 from conftest import HF_REBASIN
 from hub_server import FakeHub, use_fake_hub, write_merge_output
 
-from hf_rebasin import __version__, models, tiny
+from hf_rebasin import __version__, tiny
 from hf_rebasin.cli import DESCRIPTION, main
-from hf_rebasin.io import STAGING_TAG
+from hf_rebasin.export.io import STAGING_TAG
 from hf_rebasin.options import EvalOptions, MergeOptions, PushOptions, fields_of, flag_of, value_type
+from hf_rebasin.sources import models
 
 MAX_SECONDS = 1.0  # every refusal comes within this, before any expensive step
 
@@ -448,8 +449,9 @@ def three_way_merge(sources, text_file, tmp_path_factory):
 def test_simplex_resolution_2_with_three_models_works_end_to_end(three_way_merge, text_file):
     from transformers import AutoTokenizer
 
-    from hf_rebasin.data import load_token_windows
-    from hf_rebasin.evaluation import EvalData, evaluate
+    from hf_rebasin.evaluation.barrier import evaluate
+    from hf_rebasin.sources.data import load_token_windows
+    from hf_rebasin.sources.eval_data import EvalData
     out = three_way_merge
     report = json.loads((out / "barrier.json").read_text())
     assert report["n_models"] == 3 and len(report["lambdas"]) == 6  # C(4, 2) lattice points
@@ -494,8 +496,8 @@ def test_card_names_the_final_folder_and_every_model_and_no_local_path(three_way
 def test_ctrl_c_while_force_replaces_keeps_old_or_new_whole(cli, sources, text_file, tmp_path, monkeypatch):
     """Ctrl-C at each step of a --force replacement: before the swap the old output is intact, after it the new
     one is whole; with renameat2 and without it (two renames, the old restored on failure)."""
-    from hf_rebasin import io as hio
     from hf_rebasin import pipeline
+    from hf_rebasin.export import io as hio
     out = tmp_path / "out"
     common = [*merge_args(sources, text_file, out), "--seq-len", "32", "--max-eval-tokens", "512", "--lambdas", "3"]
     assert cli([*common, "--method", "raw"]).code == 0
@@ -543,7 +545,7 @@ def test_ctrl_c_while_force_replaces_keeps_old_or_new_whole(cli, sources, text_f
 def test_a_killed_fallback_swap_is_restored_not_removed(sources, text_file, tmp_path):
     """Without renameat2 a replacement is two renames; a kill between them leaves the old output only in its
     temporary sibling.  The next run puts it back instead of removing it as a stale staging folder."""
-    from hf_rebasin.io import remove_stale_staging
+    from hf_rebasin.export.io import remove_stale_staging
     out = tmp_path / "out"
     out.mkdir()
     (out / "barrier.json").write_text('{"method": "raw"}')

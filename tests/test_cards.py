@@ -9,8 +9,8 @@ import pytest
 from hub_server import write_merge_output
 from huggingface_hub import ModelCard
 
-from hf_rebasin import cards
 from hf_rebasin.cli import UserError, main
+from hf_rebasin.hub import cards
 
 EVAL = {
     "tasks": ["piqa", "sciq"], "num_fewshot": 0, "limit": 200,
@@ -163,7 +163,7 @@ def test_write_card_is_atomic(merge_dir, monkeypatch):
     def disk_full(src, dst):
         raise OSError(28, "No space left on device")
 
-    from hf_rebasin import io
+    from hf_rebasin.export import io
     monkeypatch.setattr(io.os, "replace", disk_full)
     with pytest.raises(OSError, match="No space left"):
         cards.write_card(merge_dir)

@@ -1,4 +1,4 @@
-"""Learned matching's training step under CUDA's rules, without a GPU (hf_rebasin/cuda_rules.py): every registered
+"""Learned matching's training step under CUDA's rules, without a GPU (hf_rebasin/match/cuda_rules.py): every registered
 adapter × lm/dual × whole-model/layer-by-layer × bf16/fp32 runs one step on simulated CUDA tensors under CUDA's
 autocast; no op CUDA would reject, no host sync and no float64 op in this project's code."""
 from __future__ import annotations
@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from hf_rebasin import models, symmetry, tiny
-from hf_rebasin.cuda_rules import (
+from hf_rebasin import tiny
+from hf_rebasin.core import symmetry
+from hf_rebasin.match.cuda_rules import (
     CudaRuleViolation,
     Recorder,
     autocast_has_rule,
@@ -18,6 +19,7 @@ from hf_rebasin.cuda_rules import (
     simulated_cuda,
 )
 from hf_rebasin.match.params import Orthogonal
+from hf_rebasin.sources import models
 
 
 def test_cuda_autocast_has_no_linalg_rules_while_the_cpus_has():

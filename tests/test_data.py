@@ -12,8 +12,8 @@ import pytest
 import torch
 from PIL import Image
 
-from hf_rebasin import data
-from hf_rebasin.data import DataError, load_token_windows, read_images, read_texts, split_text, token_windows
+from hf_rebasin.sources import data
+from hf_rebasin.sources.data import DataError, load_token_windows, read_images, read_texts, split_text, token_windows
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_rebasin import models, symmetry
-from hf_rebasin.canonical import Graph, interpolate
+from hf_rebasin.core import symmetry
+from hf_rebasin.core.canonical import Graph, interpolate
 from hf_rebasin.match.params import SymmetryParams
+from hf_rebasin.sources import models
 
 KINDS = ["gpt_neox", "llama_gqa_tied", "olmo_clip_qkv", "gpt2", "vit"]
 
@@ -95,10 +96,10 @@ def test_bf16_learning_stores_the_endpoints_in_bf16_and_learns_in_fp32(kind, tin
 
 def test_a_bf16_run_returns_exact_symmetries_and_reports_its_peak_memory(tiny_dirs, tmp_path):
     from hf_rebasin import tiny
-    from hf_rebasin.evaluation import EvalData
     from hf_rebasin.match import Alignment
     from hf_rebasin.match.learned import learn
     from hf_rebasin.options import MergeOptions
+    from hf_rebasin.sources.eval_data import EvalData
     template = models.load(tiny_dirs["gpt_neox"])
     b_dir = tiny.make_tiny("gpt_neox", tmp_path / "b", seed=5)
     graphs = [models.canonicalise(template), models.canonicalise(models.load(b_dir))]

@@ -194,7 +194,7 @@ def test_an_option_the_run_ignores_is_refused_by_name(argv, names, pair, text_fi
 
 def test_a_recipe_run_with_another_method_leaves_the_ignored_options_out():
     """`hf-rebasin run pythia-1b --set method=wm`: the training budget of the dual recipe is not passed to wm."""
-    from hf_rebasin import recipes
+    from hf_rebasin.hub import recipes
     dual = recipes.commands(recipes.load_recipe("pythia-1b", check_paths=False))["merge"]
     assert "--steps" in dual and "--learn-batch-size" in dual
     wm = recipes.commands(recipes.load_recipe("pythia-1b", ["method=wm"], check_paths=False))["merge"]
@@ -247,7 +247,7 @@ def test_raw_card_and_plot_say_only_what_is_true(raw_merge, pair, text_file, mon
         assert f"`{name}`" in local, local
     from matplotlib.figure import Figure
 
-    from hf_rebasin.evaluation import plot_path
+    from hf_rebasin.evaluation.barrier import plot_path
     labels = []
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: labels.append(fig.axes[0].get_xlabel()))
     plot_path({"raw": report}, "unused.png", "raw")
@@ -270,7 +270,7 @@ def test_progress_off_a_terminal_is_one_line_per_stage(pair, text_file, tmp_path
 
 
 def test_lm_eval_git_lookup_is_quiet_outside_a_repository(tmp_path, monkeypatch, capfd):
-    from hf_rebasin.evals import quiet_git_hash
+    from hf_rebasin.hub.evals import quiet_git_hash
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert quiet_git_hash() is None

@@ -13,7 +13,9 @@ import corpus
 import pytest
 import torch
 
-from hf_rebasin import cli, evals, models
+from hf_rebasin import cli
+from hf_rebasin.hub import evals
+from hf_rebasin.sources import models
 from hf_rebasin.tiny import make_tiny, randomise_
 
 TASK = "tiny_piqa"
@@ -143,7 +145,7 @@ def offline(monkeypatch, tmp_path):
     def write_card(out_dir, model_name=None):  # records the card's name and the eval.json beside it
         eval_file = Path(out_dir) / "eval.json"
         calls.append((model_name, json.loads(eval_file.read_text()) if eval_file.is_file() else None))
-    monkeypatch.setitem(sys.modules, "hf_rebasin.cards", types.SimpleNamespace(write_card=write_card))
+    monkeypatch.setitem(sys.modules, "hf_rebasin.hub.cards", types.SimpleNamespace(write_card=write_card))
     return calls
 
 

@@ -12,9 +12,10 @@ import torch
 from hub_server import FakeHub, use_fake_hub, write_merge_output
 from huggingface_hub import ModelCard
 
-from hf_rebasin import cards, models
 from hf_rebasin.cli import UserError, main
-from hf_rebasin.hub import publishable_report, push
+from hf_rebasin.hub import cards
+from hf_rebasin.hub.push import publishable_report, push
+from hf_rebasin.sources import models
 from hf_rebasin.tiny import example_inputs, outputs
 
 

@@ -98,6 +98,27 @@ def test_no_import_circles():
     assert not found, "modules that import each other: " + "; ".join(" <-> ".join(c) for c in found)
 
 
+# The folders of the package in the order a merge runs (adapters/ sits between the canonical graph it converts to
+# and the sources that read checkpoints through it); the top-level modules are the API, the pipeline and what
+# every stage shares.
+STAGES = ["core", "adapters", "sources", "match", "evaluation", "export", "hub", "cli"]
+
+
+def stage_of(module: str) -> int | None:
+    parts = module.split(".")
+    return STAGES.index(parts[1]) if len(parts) > 1 and parts[1] in STAGES else None
+
+
+def test_no_stage_imports_a_later_stage():
+    """An import goes down the flow or stays in its stage: sources/ never imports match/, match/ never imports
+    evaluation/ or export/, and so on."""
+    graph = import_graph()
+    climbs = sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                    if stage_of(module) is not None and stage_of(target) is not None
+                    and stage_of(target) > stage_of(module))
+    assert not climbs, climbs
+
+
 def test_test_fixtures_stay_out_of_the_package():
     """tiny.py (tiny random models and a character tokenizer for tests, demos and benchmarks) sits on top: no
     module of the library imports it."""

@@ -8,13 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_rebasin import models, symmetry, tiny
-from hf_rebasin.evaluation import EvalData
+from hf_rebasin import tiny
+from hf_rebasin.core import symmetry
 from hf_rebasin.match import Alignment
 from hf_rebasin.match.layered import LayeredPathLoss, LayerPoint
 from hf_rebasin.match.learned import PathLoss, learn
 from hf_rebasin.match.params import SymmetryParams
 from hf_rebasin.options import MergeOptions
+from hf_rebasin.sources import models
+from hf_rebasin.sources.eval_data import EvalData
 
 KINDS = tiny.kinds()
 # the two paths run the same operations on the same tensors, layer by layer instead of all at once: their

@@ -13,16 +13,19 @@ import pytest
 import torch
 from conftest import ACCELERATE_LAUNCH, REPO, train_char_models
 
-from hf_rebasin import models, symmetry, tiny
-from hf_rebasin.canonical import Spec, interpolate
+from hf_rebasin import tiny
 from hf_rebasin.cli import main
+from hf_rebasin.core import symmetry
+from hf_rebasin.core.canonical import Spec, interpolate
+from hf_rebasin.core.symmetry import apply, compose
 from hf_rebasin.errors import UserError
-from hf_rebasin.evaluation import EvalData, evaluate
+from hf_rebasin.evaluation.barrier import evaluate
 from hf_rebasin.match import METHODS, Alignment, MatchContext
 from hf_rebasin.match.learned import PathLoss, learn
 from hf_rebasin.match.params import GeneralLinear, HeadMaps, OnesFixingOrthogonal, Orthogonal
 from hf_rebasin.options import MergeOptions
-from hf_rebasin.symmetry import apply, compose
+from hf_rebasin.sources import models
+from hf_rebasin.sources.eval_data import EvalData
 
 # max |difference| of any transform entry between 2 processes and 1 (same global batch), after 6 dual
 # steps at lr 2e-2; measured differences are ~3e-6 (gloo's all-reduce sums in another order)
@@ -286,7 +289,7 @@ def test_two_processes_follow_one(layout, neox_pair, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from hf_rebasin.data import load_token_windows
+    from hf_rebasin.sources.data import load_token_windows
     template, a = graph_of(a_dir)
     _, b = graph_of(b_dir)
     windows, _ = load_token_windows(str(text), AutoTokenizer.from_pretrained(a_dir), 16, 4096)
@@ -401,7 +404,7 @@ def test_learned_matching_lowers_the_held_out_barrier(trained_pair, tmp_path):
     # the exported merged model is the midpoint of the learned path
     from transformers import AutoTokenizer
 
-    from hf_rebasin.data import load_token_windows
+    from hf_rebasin.sources.data import load_token_windows
     windows, _ = load_token_windows(str(root / "test.txt"), AutoTokenizer.from_pretrained(tmp_path / "dual"), 32, 8192)
     loss = evaluate(models.load(tmp_path / "dual").model, EvalData("causal-lm", windows), batch_size=64)["loss"]
     assert loss == pytest.approx(dual["merged_loss"], abs=1e-3)
@@ -425,7 +428,7 @@ def test_three_way_dual_lowers_the_simplex_barrier(trained_pair, tmp_path):
     assert any("heldout_midpoint_barrier" in entry for entry in dual["match_log"])
     from transformers import AutoTokenizer
 
-    from hf_rebasin.data import load_token_windows
+    from hf_rebasin.sources.data import load_token_windows
     windows, _ = load_token_windows(str(root / "test.txt"), AutoTokenizer.from_pretrained(tmp_path / "dual"), 32, 8192)
     loss = evaluate(models.load(tmp_path / "dual").model, EvalData("causal-lm", windows), batch_size=64)["loss"]
     assert loss == pytest.approx(dual["merged_loss"], abs=1e-3)  # the export is the centroid of the learned frame

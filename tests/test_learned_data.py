@@ -56,5 +56,5 @@ def test_report_counts_learned_parameters_and_keeps_the_signed_excess(pair, tmp_
 
 
 def _canonical_shapes(folder):
-    from hf_rebasin import models
+    from hf_rebasin.sources import models
     return models.canonicalise(models.load(folder)).shapes

@@ -4,7 +4,7 @@ import itertools
 import pytest
 import torch
 
-from hf_rebasin import symmetry
+from hf_rebasin.core import symmetry
 from hf_rebasin.match import linalg
 
 

@@ -10,9 +10,11 @@ import torch
 from checks import data_args, disguise
 from conftest import train_char_models
 
-from hf_rebasin import models, symmetry, tiny
+from hf_rebasin import tiny
 from hf_rebasin.cli import main
-from hf_rebasin.symmetry import Transform
+from hf_rebasin.core import symmetry
+from hf_rebasin.core.symmetry import Transform
+from hf_rebasin.sources import models
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +99,9 @@ def test_merge_output_and_protocol(tiny_dirs, tmp_path, text_file):
     assert report["barrier"] == pytest.approx(max(excess))
     assert report["command"].startswith("hf-rebasin merge ")
     # the merged model measured independently, with the same protocol (α = 0.3 is on the grid)
-    from hf_rebasin.data import load_token_windows
-    from hf_rebasin.evaluation import EvalData, evaluate
+    from hf_rebasin.evaluation.barrier import evaluate
+    from hf_rebasin.sources.data import load_token_windows
+    from hf_rebasin.sources.eval_data import EvalData
     windows, _ = load_token_windows(str(text_file), AutoTokenizer.from_pretrained(out), 32, 2048)
     loss = evaluate(models.load(out).model, EvalData("causal-lm", windows))["loss"]
     assert abs(loss - report["merged_loss"]) < 1e-3 and abs(loss - report["loss"][3]) < 1e-3
@@ -120,8 +123,9 @@ def test_alpha_off_grid_is_evaluated(tiny_dirs, tmp_path, text_file):
     report = json.loads((tmp_path / "m" / "barrier.json").read_text())
     from transformers import AutoTokenizer
 
-    from hf_rebasin.data import load_token_windows
-    from hf_rebasin.evaluation import EvalData, evaluate
+    from hf_rebasin.evaluation.barrier import evaluate
+    from hf_rebasin.sources.data import load_token_windows
+    from hf_rebasin.sources.eval_data import EvalData
     windows, _ = load_token_windows(str(text_file), AutoTokenizer.from_pretrained(tmp_path / "m"), 32, 1024)
     assert abs(evaluate(models.load(tmp_path / "m").model, EvalData("causal-lm", windows))["loss"]
                - report["merged_loss"]) < 1e-3

@@ -110,10 +110,11 @@ def test_a_broken_module_fails_loudly(monkeypatch):
     imported is an error, never a command or a card silently missing."""
     import sys
 
-    from hf_rebasin import cli, evals
-    monkeypatch.setitem(sys.modules, "hf_rebasin.recipes", None)  # importing it now raises ImportError
-    with pytest.raises(ImportError, match="hf_rebasin.recipes"):
+    from hf_rebasin import cli
+    from hf_rebasin.hub import evals
+    monkeypatch.setitem(sys.modules, "hf_rebasin.hub.recipes", None)  # importing it now raises ImportError
+    with pytest.raises(ImportError, match="hf_rebasin.hub.recipes"):
         cli.build_parser()
-    monkeypatch.setitem(sys.modules, "hf_rebasin.cards", None)
-    with pytest.raises(ImportError, match="hf_rebasin.cards"):
+    monkeypatch.setitem(sys.modules, "hf_rebasin.hub.cards", None)
+    with pytest.raises(ImportError, match="hf_rebasin.hub.cards"):
         evals.refresh_card(assets.asset(), "x")

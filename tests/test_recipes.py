@@ -15,9 +15,10 @@ import yaml
 from conftest import REPO
 from hub_server import FakeHub, use_fake_hub
 
-from hf_rebasin import recipe_checks, recipes, tiny
+from hf_rebasin import tiny
 from hf_rebasin.assets import asset, example_pair
 from hf_rebasin.cli import build_parser, main
+from hf_rebasin.hub import recipe_checks, recipes
 from hf_rebasin.match import METHODS
 from hf_rebasin.options import EvalOptions, MergeOptions, PushOptions, TokenizeOptions, from_namespace, option_table
 
@@ -260,8 +261,8 @@ def test_tokenize_step_and_launch_in_the_dry_run(tmp_path, pair, capsys):
                                "--dynamo_backend no -m hf_rebasin.cli merge ")
     merge = build_parser().parse_args(shlex.split(lines[2].split(" -m hf_rebasin.cli ")[1]))
     assert merge.train_data == str(token_file) and merge.method == "dual" and merge.steps == 3000
-    from hf_rebasin.budget import TrainingBudget
     from hf_rebasin.describe import describe
+    from hf_rebasin.hub.budget import TrainingBudget
     facts = describe(str(pair / "model-a"))
     expected = TrainingBudget(facts["parameters"], facts["d_model"], 3000, 16, 32, 2, False)
     assert expected.tokens == 3000 * 16 * 32
@@ -296,7 +297,7 @@ def test_an_existing_token_file_is_kept_only_when_it_holds_what_the_block_asks(t
 
 
 def test_the_budget_arithmetic():
-    from hf_rebasin.budget import TrainingBudget
+    from hf_rebasin.hub.budget import TrainingBudget
     budget = TrainingBudget(params=10**9, d_model=2048, steps=20000, batch=16, seq_len=512)
     assert budget.tokens == 163_840_000
     assert budget.flops == pytest.approx(6e9 * 163_840_000 * (1 + 2 * 2048 / (3 * 8192)))
@@ -493,7 +494,7 @@ def test_recipe_runs_merge_eval_push_and_resumes_after_a_failed_step(tmp_path, p
     assert code == 0, err
     assert "== step 1/1: push: hf-rebasin push" in stdout and stdout.count("== step") == 1
     remote = hub.files("someuser/tiny-merge")
-    from hf_rebasin.hub import publishable_report
+    from hf_rebasin.hub.push import publishable_report
     assert remote["barrier.json"] == publishable_report(out).encode()  # local paths by their names
     assert {"eval.json", "recipe.yaml", "model.safetensors", "README.md"} <= set(remote)
     assert f"published barrier (a made-up paper): wm 9.5; this run (wm): {barrier['barrier']:.2f}" in stdout

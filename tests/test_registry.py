@@ -10,8 +10,9 @@ import checks
 import corpus
 import pytest
 
-from hf_rebasin import adapters, models, tiny
+from hf_rebasin import adapters, tiny
 from hf_rebasin.adapters import REGISTRY
+from hf_rebasin.sources import models
 
 THROWAWAY = textwrap.dedent('''
     """Qwen2 (throw-away, written by tests/test_registry.py): the LLaMA layout with q/k/v biases."""

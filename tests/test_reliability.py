@@ -29,9 +29,10 @@ from conftest import HF_REBASIN
 from hub_server import TOKEN, FakeHub
 from safetensors.torch import load_file
 
-from hf_rebasin import models, tiny
-from hf_rebasin.io import STAGING_TAG
+from hf_rebasin import tiny
+from hf_rebasin.export.io import STAGING_TAG
 from hf_rebasin.match.train_loop import CHECKPOINT_FORMAT
+from hf_rebasin.sources import models
 
 SEED = 13
 MERGE_POINTS = 8  # a first merge (no output yet)
@@ -302,7 +303,7 @@ def hub():
 def test_interrupted_push(reference, hub, tmp_path):
     """push killed mid-run: the folder is unchanged (its card is replaced only once the upload succeeded, by the
     card that was published), and `push --exist-ok` afterwards succeeds."""
-    from hf_rebasin.hub import publishable_report
+    from hf_rebasin.hub.push import publishable_report
     home = tmp_path / "hf_home"
     env = {**base_env(home), "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": TOKEN,
            "HF_HUB_CACHE": str(home / "hub"), "TRANSFORMERS_OFFLINE": "0"}

@@ -10,12 +10,13 @@ import torch
 from hub_server import FakeHub, use_fake_hub
 from safetensors import safe_open
 
-from hf_rebasin import models, tiny
-from hf_rebasin.canonical import Graph, LazyGraph, interpolate
+from hf_rebasin import tiny
 from hf_rebasin.cli import main
+from hf_rebasin.core.canonical import Graph, LazyGraph, interpolate
+from hf_rebasin.core.symmetry import apply
 from hf_rebasin.match.weight import weight_matching
-from hf_rebasin.sources import CheckpointFiles
-from hf_rebasin.symmetry import apply
+from hf_rebasin.sources import models
+from hf_rebasin.sources.checkpoints import CheckpointFiles
 
 
 def half_copy(source, out):
@@ -32,7 +33,8 @@ def stored(folder) -> dict[str, torch.Tensor]:
 
 
 def test_streamed_merge_equals_the_whole_models_in_memory(tiny_dirs, tmp_path, text_file, monkeypatch):
-    from hf_rebasin import evaluation, pipeline
+    from hf_rebasin import pipeline
+    from hf_rebasin.evaluation import barrier as evaluation
     a_dir, b_dir = tiny_dirs["llama_gqa_tied"], tiny.make_tiny("llama_gqa_tied", tmp_path / "b", seed=4)
     command = ["merge", str(a_dir), str(b_dir), "--method", "wm", "--data", str(text_file), "--seq-len", "32",
                "--max-eval-tokens", "1024", "--lambdas", "3"]
@@ -86,8 +88,9 @@ def test_export_keeps_the_sources_dtype_in_shards(tiny_dirs, tmp_path, text_file
     assert reloaded.dtype == torch.float16
     report = json.loads((out / "barrier.json").read_text())
     merged_fp32 = reloaded.float()
-    from hf_rebasin.data import load_token_windows
-    from hf_rebasin.evaluation import EvalData, evaluate
+    from hf_rebasin.evaluation.barrier import evaluate
+    from hf_rebasin.sources.data import load_token_windows
+    from hf_rebasin.sources.eval_data import EvalData
     windows, _ = load_token_windows(str(text_file), models.load(out).backend.tokenizer(out), 32, 1024)
     assert evaluate(merged_fp32, EvalData("causal-lm", windows))["loss"] == pytest.approx(report["merged_loss"],
                                                                                          abs=2e-2)  # fp16 rounding
@@ -137,8 +140,9 @@ def test_hub_download_fetches_only_the_safetensors(tiny_dirs, tmp_path, monkeypa
 
 @pytest.mark.parametrize("kind", tiny.kinds())
 def test_layer_by_layer_path_evaluation_equals_the_filled_model(kind, tmp_path):
-    from hf_rebasin.evaluation import EvalData, evaluate_points
-    from hf_rebasin.symmetry import random_transform
+    from hf_rebasin.core.symmetry import random_transform
+    from hf_rebasin.evaluation.barrier import evaluate_points
+    from hf_rebasin.sources.eval_data import EvalData
     template = models.load(tiny.make_tiny(kind, tmp_path / "a", seed=1))
     a = models.canonicalise(template)
     b = models.canonicalise(models.load(tiny.make_tiny(kind, tmp_path / "b", seed=5)))
@@ -163,8 +167,8 @@ def test_layer_by_layer_path_evaluation_equals_the_filled_model(kind, tmp_path):
 def test_layer_by_layer_evaluation_computes_each_layer_once_per_group_of_batches(kind, tmp_path, monkeypatch):
     """Layer-major: every layer's weights are computed once per point for all the batches whose outputs fit in
     CARRIED_BYTES (not once per batch), in groups beyond that; the losses are those of the filled model."""
-    from hf_rebasin import evaluation
-    from hf_rebasin.layerwise import GraphLayer
+    from hf_rebasin.evaluation import barrier as evaluation
+    from hf_rebasin.sources.layerwise import GraphLayer
     template = models.load(tiny.make_tiny(kind, tmp_path / "a", seed=1))
     a = models.canonicalise(template)
     b = models.canonicalise(models.load(tiny.make_tiny(kind, tmp_path / "b", seed=5)))
@@ -193,8 +197,8 @@ def test_only_rotated_models_are_spilled_and_only_with_disk_room(tiny_dirs, tmp_
     from collections import namedtuple
 
     from hf_rebasin import pipeline
-    from hf_rebasin.sources import SpilledGraph
-    from hf_rebasin.symmetry import Transform, TransformedGraph, random_transform
+    from hf_rebasin.core.symmetry import Transform, TransformedGraph, random_transform
+    from hf_rebasin.sources.checkpoints import SpilledGraph
     monkeypatch.setattr(pipeline, "IN_MEMORY_BYTES", 0)
     graph = models.canonicalise(models.load(tiny_dirs["gpt_neox"]))
     rotated = random_transform(graph.spec, seed=1)
@@ -216,9 +220,9 @@ def test_only_rotated_models_are_spilled_and_only_with_disk_room(tiny_dirs, tmp_
 
 
 def test_the_size_of_a_lazy_graph_is_known_without_holding_it(tiny_dirs, tmp_path):
-    from hf_rebasin.canonical import LazyGraph
-    from hf_rebasin.sources import SpilledGraph, canonical_bytes
-    from hf_rebasin.symmetry import random_transform
+    from hf_rebasin.core.canonical import LazyGraph
+    from hf_rebasin.core.symmetry import random_transform
+    from hf_rebasin.sources.checkpoints import SpilledGraph, canonical_bytes
     source = models.canonicalise(models.load(tiny_dirs["gpt_neox"]))
     whole = 4 * sum(v.numel() for v in source.materialise().params.values())
     moved = apply(source, random_transform(source.spec, seed=1))
@@ -252,9 +256,9 @@ class WatchedGraph(LazyGraph):
 def test_walking_a_lazy_graph_holds_one_part_at_a_time(tiny_dirs, tmp_path):
     """Spilling, digesting and sizing a lazy graph read it part by part: when a part is computed, no part before
     the previous one is still held (a 7B model held whole is 27.6 GB)."""
+    from hf_rebasin.core.symmetry import random_transform
     from hf_rebasin.match.learned import digest_graph
-    from hf_rebasin.sources import SpilledGraph, canonical_bytes
-    from hf_rebasin.symmetry import random_transform
+    from hf_rebasin.sources.checkpoints import SpilledGraph, canonical_bytes
     source = models.canonicalise(models.load(tiny_dirs["gpt_neox"]))
     moved = apply(source, random_transform(source.spec, seed=1))
     assert moved.spec.n_layers >= 2

@@ -14,10 +14,11 @@ import torch
 from conftest import short_dual
 from safetensors.torch import load_file
 
-from hf_rebasin import data, tokenize
+from hf_rebasin import tokenize
 from hf_rebasin.cli import main
 from hf_rebasin.errors import DataError, UserError
-from hf_rebasin.token_files import TokenWindows, metadata_path, open_token_windows, write_token_file
+from hf_rebasin.sources import data
+from hf_rebasin.sources.token_files import TokenWindows, metadata_path, open_token_windows, write_token_file
 
 
 @pytest.fixture(scope="module")

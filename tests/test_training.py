@@ -12,11 +12,11 @@ import torch
 
 from hf_rebasin import tiny
 from hf_rebasin.assets import example_pair as example_pair_folder
-from hf_rebasin.data import read_texts, token_windows
+from hf_rebasin.match.train_loop import lr_factor
+from hf_rebasin.sources.data import read_texts, token_windows
 from hf_rebasin.training import (
     causal_lm_loss,
     classifier_metrics,
-    lr_factor,
     save_lm,
     save_vit,
     train_causal_lm,

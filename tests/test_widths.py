@@ -6,10 +6,12 @@ import math
 import pytest
 import torch
 
-from hf_rebasin import models, symmetry, tiny, widths
-from hf_rebasin.canonical import Graph, LazyGraph
+from hf_rebasin import tiny
+from hf_rebasin.core import symmetry, widths
+from hf_rebasin.core.canonical import Graph, LazyGraph
 from hf_rebasin.errors import IncompatibleModelsError, UnsupportedModelError
 from hf_rebasin.match.weight import weight_matching
+from hf_rebasin.sources import models
 
 KINDS = tiny.kinds()
 WIDTH_KEYS = ("hidden_size", "n_embd", "embed_dim", "intermediate_size", "n_inner")  # halved (GPT-2, ViT: FFN follows)
@@ -226,7 +228,8 @@ def test_merge_of_a_wide_and_a_narrow_model(make, kind, tmp_path):
     import numpy as np
 
     from hf_rebasin.cli import main
-    from hf_rebasin.evaluation import evaluate, load_eval_data
+    from hf_rebasin.evaluation.barrier import evaluate
+    from hf_rebasin.sources.eval_data import load_eval_data
     wide = make(kind)
     narrow = make(kind, narrower(tiny.adapter_of(kind).tiny[kind]), seed=2)
     if tiny.is_image_model(kind):

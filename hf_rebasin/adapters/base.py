@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..canonical import Graph, Spec
+from ..core.canonical import Graph, Spec
 from ..errors import ModelLoadError, UnsupportedModelError
 
 REGISTRY: dict[str, Adapter] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..canonical import Spec, centre, fold_norm, layer_key
+from ..core.canonical import Spec, centre, fold_norm, layer_key
 from .base import Adapter, filled, register, safe_divide
 
 

@@ -2,7 +2,7 @@
 optional attention / MLP biases.  OLMo-1 (olmo.py) shares the layout with parameter-free LayerNorms."""
 from __future__ import annotations
 
-from ..canonical import Spec, centre, fold_norm, layer_key
+from ..core.canonical import Spec, centre, fold_norm, layer_key
 from .base import Adapter, filled, linear_in, register
 
 PROJECTIONS = {"attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj", "attn.v": "self_attn.v_proj",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..canonical import Spec, centre, fold_norm, layer_key
+from ..core.canonical import Spec, centre, fold_norm, layer_key
 from ..errors import UnsupportedModelError
 from .base import Adapter, filled, linear_in, register
 

@@ -141,7 +141,7 @@ def register_merge(subparsers) -> None:
 # --- eval and push --------------------------------------------------------------------------------
 
 def run_eval(args) -> int:
-    from ..evals import evaluate_merge, results_table
+    from ..hub.evals import evaluate_merge, results_table
     evaluation = evaluate_merge(args.dir, from_namespace(EvalOptions, args), announce=lambda s: print(s, flush=True))
     print(results_table(evaluation["results"]))
     print(f"wrote {Path(args.dir) / 'eval.json'} and updated the model card")
@@ -149,7 +149,7 @@ def run_eval(args) -> int:
 
 
 def run_push(args) -> int:
-    from ..hub import push
+    from ..hub.push import push
     options = from_namespace(PushOptions, args)
     options.check()
     print(push(args.dir, args.repo_id, private=options.private, revision=options.revision,

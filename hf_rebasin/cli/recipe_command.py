@@ -1,4 +1,4 @@
-"""``hf-rebasin run RECIPE``: the command line of recipes (hf_rebasin/recipes.py reads and checks them and builds
+"""``hf-rebasin run RECIPE``: the command line of recipes (hf_rebasin/hub/recipes.py reads and checks them and builds
 each step's command): --list, --dry-run, --set, --skip-*, --force, running the steps in turn through the
 ordinary commands, the recipe's copy in the output folder, and on a failed step the command that resumes."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ import traceback
 
 import yaml
 
-from .. import recipes
 from ..errors import UserError
-from ..recipe_checks import STEPS
-from ..recipes import RECIPE_COPY, Recipe, shown
+from ..hub import recipes
+from ..hub.recipe_checks import STEPS
+from ..hub.recipes import RECIPE_COPY, Recipe, shown
 from . import app, commands
 from .app import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 
@@ -80,7 +80,7 @@ def check_before_running(recipe: Recipe, steps: dict, args) -> None:
     if "tokenize" in steps and recipes.token_file_problem(recipe):
         raise UserError(recipes.token_file_problem(recipe))
     if "push" in steps:
-        from ..hub import hub_token
+        from ..hub.push import hub_token
         try:
             hub_token(None)
         except UserError as error:
@@ -193,7 +193,7 @@ def run_command(args) -> int:
 
 
 def register(subparsers) -> None:
-    from ..recipes import __doc__ as about  # the recipe format (imported at each call: a broken module fails here)
+    from ..hub.recipes import __doc__ as about  # the recipe format (imported at each call: a broken module fails here)
     parser = subparsers.add_parser(
         "run", help="run a YAML recipe: merge, then eval and push when the recipe has those blocks",
         description=about.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from .alignment import Alignment, MatchContext
 
 if TYPE_CHECKING:  # torch is imported when a method runs, not when the registry is read (--help)
-    from ..canonical import Graph
+    from ..core.canonical import Graph
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def register_method(method: Method) -> Method:
 
 def raw(graphs: list[Graph], context: MatchContext) -> Alignment:
     """No alignment: the plain average of the checkpoints."""
-    from ..symmetry import Transform
+    from ..core.symmetry import Transform
     return Alignment([Transform.identity(g.spec) for g in graphs])
 
 

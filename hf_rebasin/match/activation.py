@@ -14,9 +14,9 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from ..canonical import Graph, layer_key
+from ..core.canonical import Graph, layer_key
+from ..core.symmetry import Transform
 from ..progress import tqdm
-from ..symmetry import Transform
 from .alignment import Alignment
 from .linalg import assignment, best_permutation_matrix
 from .weight import match_heads
@@ -83,7 +83,7 @@ class _Stats:
 
 def activation_matching(a: Graph, b: Graph, *, data, template, batches: int = 4, batch_size: int = 8,
                         progress: bool = True):
-    from ..models import instantiate
+    from ..sources.models import instantiate
     spec = a.spec
     model_a, model_b = instantiate(a, template), instantiate(b, template)
     n_batches = min(batches, max(1, len(data.inputs) // batch_size))

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # (torch is not needed to read the registry)
-    from ..symmetry import Transform
+    from ..core.symmetry import Transform
 
 DEFAULT_HOLDOUT = 32  # training examples held out to choose the returned learned parameters (at most)
 
@@ -35,7 +35,7 @@ class MatchContext:
 
     options: Any  # options.MergeOptions
     template: Any = None  # models.Loaded of the first model (builds models for activations and the task loss)
-    match_data: Any = None  # barrier.EvalData for activation matching
-    train_data: Any = None  # barrier.EvalData for learned matching
+    match_data: Any = None  # sources.eval_data.EvalData for activation matching
+    train_data: Any = None  # sources.eval_data.EvalData for learned matching
     eval_data: Any = None  # the held-out data (learned matching's progress estimate)
     progress: bool = True

@@ -25,8 +25,8 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor, nn
 
-from ..canonical import Graph, mix, residual_role
-from ..layerwise import OnDemandLayer, norm_modules, swap_layers
+from ..core.canonical import Graph, mix, residual_role
+from ..sources.layerwise import OnDemandLayer, norm_modules, swap_layers
 from .params import SymmetryParams
 from .path import PathOfEnds, stored, strip_parameters
 
@@ -78,7 +78,7 @@ class LayeredPathLoss(PathOfEnds):
         """graphs may be lazy: they are read one layer at a time.  With a device `mesh` (FSDP), each layer is
         sharded as soon as it is built, so a process never holds more than its shards and one whole layer."""
         super().__init__(ends, len(graphs))
-        from ..models import build
+        from ..sources.models import build
         adapter, first = template.adapter, graphs[0]
         self.keys = [str(k) for k in range(len(graphs))]
         self.spec, self.adapter = first.spec, adapter

@@ -45,9 +45,9 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor, nn
 
-from ..canonical import Graph, interpolate, residual_role
+from ..core.canonical import Graph, interpolate, residual_role
+from ..core.symmetry import apply, compose
 from ..errors import OptionError, UserError
-from ..symmetry import apply, compose
 from .alignment import DEFAULT_HOLDOUT
 from .params import SymmetryParams
 from .path import PathOfEnds, stored, strip_parameters
@@ -74,7 +74,7 @@ class PathLoss(PathOfEnds):
     def __init__(self, graphs: list[Graph], ends: dict[str, SymmetryParams], template, task: str,
                  autocast_dtype: torch.dtype | None = None):
         super().__init__(ends, len(graphs))
-        from ..models import instantiate
+        from ..sources.models import instantiate
         # trained through: held in memory, in the autocast dtype when there is one (bf16 endpoints)
         self.graphs = {str(k): stored(g.materialise(), autocast_dtype) for k, g in enumerate(graphs)}
         self.template, self.task, self.autocast_dtype, self.spec = template, task, autocast_dtype, graphs[0].spec
@@ -281,7 +281,7 @@ def split_holdout(data, n: int | None):
     """(the examples trained on, the `n` held out for choosing the returned parameters: spread evenly over the
     data, so that sorted data (an ImageFolder's classes, a text's sections) is covered), or (data, None).
     n = None: min(DEFAULT_HOLDOUT, an eighth of the examples)."""
-    from ..evaluation import EvalData
+    from ..sources.eval_data import EvalData
     total = len(data.inputs)
     n = min(DEFAULT_HOLDOUT, total // 8) if n is None else n
     if n == 0:

@@ -5,9 +5,9 @@ average of the models aligned so far; then each model is matched once more to th
 all the others (one refinement pass), so that no model's frame is privileged by its position."""
 from __future__ import annotations
 
-from ..canonical import Graph, interpolate
+from ..core.canonical import Graph, interpolate
+from ..core.symmetry import apply
 from ..progress import tqdm
-from ..symmetry import apply
 from .alignment import Alignment
 from .weight import balance_transform, weight_matching
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..canonical import Graph, Spec
-from ..symmetry import Transform, kv_perm_of, rotary_pairs, rotate_residual, transform_layer
+from ..core.canonical import Graph, Spec
+from ..core.symmetry import Transform, kv_perm_of, rotary_pairs, rotate_residual, transform_layer
 from .linalg import ones_complement
 
 ORTH_KINDS = ("cayley", "expm")

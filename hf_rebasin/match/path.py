@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..canonical import Graph
-from ..symmetry import Transform
+from ..core.canonical import Graph
+from ..core.symmetry import Transform
 from .params import SymmetryParams
 
 

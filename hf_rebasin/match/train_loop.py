@@ -27,9 +27,16 @@ import torch
 
 from ..errors import UserError
 from ..progress import tqdm
-from ..training import lr_factor
 
 CHECKPOINT_FORMAT = "hf-rebasin-learned-matching/1"
+
+
+def lr_factor(step: int, steps: int, warmup: int, min_ratio: float = 0.1) -> float:
+    """Linear warmup to 1 over `warmup` steps, then cosine decay to `min_ratio` at the last step."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - 1 - warmup)
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
 LAMBDA_RANGES = {"uniform": (0.0, 1.0), "narrow": (0.4, 0.6)}
@@ -237,7 +244,7 @@ def path_loss_at(path_loss, data, lam: float, batch_size: int, device) -> float:
 
 
 def _subset(data, n: int):
-    from ..evaluation import EvalData
+    from ..sources.eval_data import EvalData
     if data is None or n <= 0:
         return None
     labels = None if data.labels is None else data.labels[:n]

@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from torch import Tensor
 
-from ..canonical import Graph, Spec, layer_key, residual_role
+from ..core.canonical import Graph, Spec, layer_key, residual_role
+from ..core.symmetry import Transform, apply, rotary_pairs, rotate_residual, transform_layer
 from ..progress import tqdm
-from ..symmetry import Transform, apply, rotary_pairs, rotate_residual, transform_layer
 from .alignment import Alignment
 from .linalg import assignment, balance, best_permutation_matrix, procrustes, procrustes_fixing_ones, rotation_2d
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from .errors import UserError
+from ..errors import UserError
 
 
 class OnDemandLayer(nn.Module):

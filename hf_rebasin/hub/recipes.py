@@ -12,7 +12,7 @@ Learned matching at a real budget: a `tokenize` block (data, out, and the option
 writes the training token file before the merge (kept when it exists for the same data and tokenizer) and is
 the merge's ``train_data``; ``launch: {num_processes: N}`` runs the merge under ``accelerate launch`` over N
 processes (GPUs), data parallel or, with ``merge.fsdp``, sharded.  The dry run prints the training budget:
-tokens, flop and the GPU hours they imply (an estimate from arithmetic, hf_rebasin/budget.py).
+tokens, flop and the GPU hours they imply (an estimate from arithmetic, hf_rebasin/hub/budget.py).
 
 Relative paths in a recipe are taken from the folder that holds it. The bundled recipes ship inside the
 package: their inputs (the example pair) are taken from the package's assets folder, their output folder
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from .assets import asset, recipes_dir
-from .errors import UserError
+from ..assets import asset, recipes_dir
+from ..errors import UserError
 from .recipe_checks import (
     PATH_OPTIONS,
     REQUIRED_IN_BLOCK,
@@ -159,7 +159,7 @@ def resolve_path(kind: str, text: str, base: Path, out_base: Path | None = None)
     """(what the command gets, the local path to check or None) for a path of a recipe: a "model" (a Hub id
     stays one, without contacting the Hub), "data" (a datasets spec NAME[:CONFIG[:SPLIT]] stays one), an
     "input" that must exist, or an "output" folder that the step creates (taken from out_base)."""
-    from .data_specs import looks_like_path
+    from ..sources.data_specs import looks_like_path
     path = local_path(text, out_base or base if kind == "output" else base)
     if not path.exists() and (kind == "model" and is_hub_id(text) or kind == "data" and not looks_like_path(text)):
         return text, None
@@ -285,7 +285,7 @@ def token_file_problem(recipe: Recipe) -> str | None:
     step would write: the same data, text field, split and cap, with the first model's tokenizer)."""
     import json
 
-    from .token_files import metadata_path
+    from ..sources.token_files import metadata_path
     path = recipe.token_file
     if path is None or not path.exists():
         return None
@@ -304,7 +304,7 @@ def token_file_problem(recipe: Recipe) -> str | None:
 
 
 def budget(recipe: Recipe):
-    """The learned-matching budget of the recipe (hf_rebasin/budget.py), or a string saying why it is unknown."""
+    """The learned-matching budget of the recipe (hf_rebasin/hub/budget.py), or a string saying why it is unknown."""
     from .budget import training_budget
     if not trains(recipe.fields):
         return None

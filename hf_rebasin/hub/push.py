@@ -8,10 +8,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from ..errors import UserError
+from ..evaluation.report import read_report, report_text
+from ..export.io import atomic_write, linked_copy
 from .cards import public_command, public_value, render_card
-from .errors import UserError
-from .io import atomic_write, linked_copy
-from .report import read_report, report_text
 
 
 def push_command(out_dir: Path, repo_id: str, *, exist_ok: bool, private: bool, revision: str | None,

@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import OutputError
-from .report import REPORT_FILE
+from ..errors import OutputError
+from ..evaluation.report import REPORT_FILE
 
 if TYPE_CHECKING:
     import torch

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .canonical import InterpolatedGraph, LazyGraph
-from .errors import ModelLoadError
+from ..core.canonical import InterpolatedGraph, LazyGraph
+from ..errors import ModelLoadError
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
@@ -212,7 +212,7 @@ def canonical_bytes(graph) -> int:
 def known_shapes(graph) -> dict[str, tuple] | None:
     """The canonical shapes a lazy graph knows without computing a tensor: its own, or those of the graph it
     transforms (same shapes) or of the first graph it interpolates."""
-    from .symmetry import TransformedGraph
+    from ..core.symmetry import TransformedGraph
     shapes = getattr(graph, "shapes", None)
     if shapes is not None:
         return shapes

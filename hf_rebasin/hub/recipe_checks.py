@@ -6,8 +6,8 @@ from __future__ import annotations
 import difflib
 import re
 
-from .errors import OptionError
-from .options import (
+from ..errors import OptionError
+from ..options import (
     EvalOptions,
     MergeOptions,
     PushOptions,
@@ -127,7 +127,7 @@ def step_options(fields: dict, step: str):
 
 def trains(fields: dict) -> bool:
     """Whether the recipe's method learns (lm, dual): only then is a `tokenize` block run."""
-    from .match import METHODS
+    from ..match import METHODS
     method = METHODS.get(fields.get("method") or "wm")
     return bool(method and method.learned)
 
@@ -183,7 +183,7 @@ def check_launch(launch: dict) -> list[str]:
 
 
 def check_tokenize(fields: dict) -> list[str]:
-    from .token_files import TOKEN_FILE_SUFFIX  # numpy and torch: not for --help
+    from ..sources.token_files import TOKEN_FILE_SUFFIX  # numpy and torch: not for --help
     block, problems = fields["tokenize"], []
     if isinstance(block.get("out"), str) and not block["out"].endswith(TOKEN_FILE_SUFFIX):
         problems.append(f"`tokenize.out` must name a {TOKEN_FILE_SUFFIX} file (a token file), got {block['out']!r}")
@@ -194,7 +194,7 @@ def check_tokenize(fields: dict) -> list[str]:
 
 
 def check_fields(fields: dict) -> list[str]:
-    from .match import METHODS
+    from ..match import METHODS
     problems = [unknown_key("", key, FIELDS) if key not in FIELDS else type_problem(key, value, FIELDS[key][0])
                 for key, value in fields.items() if key not in FIELDS or value is not None]
     problems = [p for p in problems if p]

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import DataError
 from .data_specs import is_saved_dataset, load_datasets_spec, load_saved_dataset, looks_like_path
-from .errors import DataError
 
 IMAGE_COLUMNS = ("image", "img")
 LABEL_COLUMNS = ("label", "labels")
@@ -62,7 +62,7 @@ def _pil_to_unit_array(image, channels: int, height: int, width: int) -> np.ndar
 
 
 def _stack_pil_images(images, labels: list[int], spec: str, input_size, mean, std):
-    from .progress import tqdm
+    from ..progress import tqdm
 
     channels, height, width = _check_image_settings(input_size, mean, std)
     if not labels:

@@ -211,10 +211,10 @@ def _path_loss(template, graphs, method: str, layered: bool, dtype, init: str):
     """learned matching's loss on the path as `learn` builds it (match/learned.py), on the CPU: `init` "absorbed"
     (every learned element starts at the identity, the default) or "plain" (at a random group element, with
     permutations)."""
-    from .match.layered import LayeredPathLoss
-    from .match.learned import PathLoss
-    from .match.params import SymmetryParams
-    from .symmetry import random_transform
+    from ..core.symmetry import random_transform
+    from .layered import LayeredPathLoss
+    from .learned import PathLoss
+    from .params import SymmetryParams
     spec = graphs[0].spec
 
     def start(seed):
@@ -244,7 +244,7 @@ def check_step(template, graphs, *, method: str = "dual", layered: bool = False,
     checkpointing, bf16 autocast or fp32) on simulated CUDA (module docstring): the forward and AdamW's step on fake
     CUDA tensors under CUDA's autocast, the backward on the meta twin.  Raises CudaRuleViolation on an op CUDA
     would reject (and, when strict, on a host sync); returns the counts."""
-    from .match.train_loop import host_batch, make_optimizer, send
+    from .train_loop import host_batch, make_optimizer, send
     dtype = torch.bfloat16 if precision == "bf16" else None
     inputs, labels = example_batch(template, batch, seq)
     lam, cuda = 0.3, torch.device("cuda")
@@ -285,7 +285,7 @@ def check_plain_step(template, *, precision: str = "bf16", batch: int = 2, seq: 
 
     import torch.nn.functional as F
 
-    from .match.train_loop import make_optimizer
+    from .train_loop import make_optimizer
     inputs, labels = example_batch(template, batch, seq)
 
     def loss_of(model, x, y):

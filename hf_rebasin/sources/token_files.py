@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import DataError
+from ..errors import DataError
 
 TOKEN_FILE_SUFFIX = ".npy"
 _READ_WINDOWS = 4096  # windows per read when iterating or scanning
@@ -149,8 +149,8 @@ def write_token_file(spec: str, tokenizer, out: str | Path, *, text_field: str =
                      max_tokens: int | None = None, tokenizer_name: str = "", progress: bool = True) -> dict:
     """Tokenise ``spec`` as it is read and write ``out`` (.npy) and its .json; returns the .json record.
     Written to temporary files renamed at the end: a failure or Ctrl-C leaves nothing behind."""
+    from ..progress import tqdm
     from .data import iter_texts, token_stream
-    from .progress import tqdm
     out = Path(out).expanduser()
     if out.suffix != TOKEN_FILE_SUFFIX:
         raise DataError(f"--out {out}: a token file is written as .npy (e.g. {out.with_suffix('.npy').name})")

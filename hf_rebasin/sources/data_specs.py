@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from .errors import DataError
+from ..errors import DataError
 
 HUB_DEFAULT_SPLIT = "test"
 LOCAL_LOADER_DEFAULT_SPLIT = "train"

@@ -53,7 +53,7 @@ def training_budget(source: str, steps: int, batch: int, seq_len: int | None = N
                     checkpointing: bool = False) -> TrainingBudget:
     """The budget of learning on `source`'s architecture (a local folder or a Hub id; its config alone is read);
     seq_len None: merge's default, min(512, the model's context)."""
-    from .describe import describe
+    from ..describe import describe
     facts = describe(source)
     seq_len = seq_len or min(512, facts["context_length"] or 512)
     return TrainingBudget(facts["parameters"], facts["d_model"], steps, batch, seq_len, processes, checkpointing)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..errors import IncompatibleModelsError, UnsupportedModelError
 from .canonical import LazyGraph, Spec, residual_role
-from .errors import IncompatibleModelsError, UnsupportedModelError
 from .symmetry import random_rotation_fixing_ones, rotary_pairs
 
 # fields that must be equal (what no embedding can bridge), and sizes the narrow model may not exceed

@@ -1,6 +1,6 @@
-"""Loading checkpoints (Hub id or local folder), canonicalising them, and building / saving a canonical
-graph as a checkpoint of the ORIGINAL class (stock ``from_pretrained`` / ``timm.create_model``).
-Library specifics live in backends.py, architecture specifics in adapters/."""
+"""Loading checkpoints (Hub id or local folder), canonicalising them, and building a canonical graph back
+into a model of the ORIGINAL class (stock ``from_pretrained`` / ``timm.create_model``); writing one as a
+checkpoint is export/checkpoint.py.  Library specifics live in backends.py, architecture specifics in adapters/."""
 from __future__ import annotations
 
 import functools
@@ -12,12 +12,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .adapters import Adapter, StateReader
+from ..adapters import Adapter, StateReader
+from ..core.canonical import LazyGraph, Spec
+from ..errors import IncompatibleModelsError, ModelLoadError
 from .backends import Backend, backend_of, is_local, read_config_json
-from .canonical import LazyGraph, Spec
-from .errors import IncompatibleModelsError, ModelLoadError
-from .io import DEFAULT_SHARD_BYTES, ShardWriter
-from .sources import CheckpointFiles, download
+from .checkpoints import CheckpointFiles, download
 
 
 @dataclass
@@ -167,26 +166,6 @@ def fill(model: nn.Module, graph, template: Loaded) -> nn.Module:
 def instantiate(graph, template: Loaded) -> nn.Module:
     """A model of the template's class holding the graph's weights (fp32, eval mode)."""
     return fill(build(graph, template), graph, template)
-
-
-def save(graph, template: Loaded, out_dir: str | Path, *, dtype: torch.dtype | None = None,
-         max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
-    """Write the graph as a checkpoint of the template's class (loads with the stock loader), streamed part by
-    part into safetensors shards of at most max_shard_bytes, in `dtype` (default: the source's stored dtype;
-    arithmetic is fp32, the cast is last), with the config, tokenizer or preprocessing beside it."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dtype = dtype or template.files.dtype
-    with ShardWriter(out_dir, "model", max_shard_bytes) as writer:
-        for part in state_dict_parts(graph, template):
-            for name, value in own_tensors(part, torch.float32).items():
-                writer.add(name, value.to(dtype))
-    changes = template.adapter.export_config_changes(graph, template.config)
-    template.backend.write_companions(template, changes, dtype, out_dir)
-
-
-def export(graph, template: Loaded, out_dir: str | Path, **options) -> None:
-    save(graph, template, out_dir, **options)
 
 
 # --- compatibility --------------------------------------------------------------------------------

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from .errors import UserError
-from .io import atomic_write, edited_dir
-from .options import EvalOptions, resolve_device
-from .report import read_report
-from .requirements import installed_versions
+from ..errors import UserError
+from ..evaluation.report import read_report
+from ..export.io import atomic_write, edited_dir
+from ..options import EvalOptions, resolve_device
+from ..requirements import installed_versions
 
 DEFAULT_TASKS = ("piqa", "sciq", "arc_easy")
 DEFAULT_BATCH_SIZE = 8
@@ -149,15 +149,15 @@ def prepare_tasks(tasks: str | Sequence[str], include_path=None) -> TaskSet:
 # --- models ---------------------------------------------------------------------------------------
 
 def check_language_model(source: str) -> None:
-    from .backends import backend_of
-    from .models import read_config_json
+    from ..sources.backends import backend_of
+    from ..sources.models import read_config_json
     if backend_of(read_config_json(source)).task != "causal-lm":
         raise UserError(f"{source} is a timm image model; lm-eval is for language models (causal LMs) only. "
                         "Image merges are scored by their accuracy in barrier.json")
 
 
 def pick_device(device: str | None) -> str:
-    from .options import device_problems
+    from ..options import device_problems
     problems = device_problems(device, "--device")
     if problems:
         raise UserError(problems[0])
@@ -167,7 +167,7 @@ def pick_device(device: str | None) -> str:
 def load_language_model(source: str, device: str):
     from transformers import AutoTokenizer
 
-    from .models import load
+    from ..sources.models import load
     check_language_model(source)
     model = load(source).model
     try:
@@ -253,7 +253,8 @@ def run_eval(model_dir_or_source: str | Path, tasks: str | Sequence[str] | TaskS
 def read_merge_output(out_dir: Path):
     if not out_dir.is_dir() or not (out_dir / "barrier.json").is_file():
         raise UserError(f"{out_dir} is not an hf-rebasin merge output (it has no barrier.json): pass the folder "
-                        "written by `hf-rebasin merge`, or use the Python API hf_rebasin.evals.run_eval for any model")
+                        "written by `hf-rebasin merge`, or use the Python API hf_rebasin.hub.evals.run_eval for any "
+                        "model")
     report = read_report(out_dir)
     if report.task != "causal-lm":
         raise UserError(f"{out_dir} holds a {report.task or 'non-language'} merge ({report.architecture}); "
@@ -329,5 +330,5 @@ def evaluate_merge(out_dir: str | Path, options: EvalOptions | None = None, *, a
 
 
 def refresh_card(out_dir: Path, model_name: str) -> None:
-    cards = importlib.import_module("hf_rebasin.cards")  # looked up at call time: tests record the call
+    cards = importlib.import_module("hf_rebasin.hub.cards")  # looked up at call time: tests record the call
     cards.write_card(out_dir, model_name=model_name)

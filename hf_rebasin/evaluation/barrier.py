@@ -10,63 +10,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
-from .canonical import interpolate
-from .errors import OptionError, UserError
-from .models import Loaded, build, fill
-from .progress import tqdm
-
-
-@dataclass
-class EvalData:
-    task: str  # "causal-lm" or "image-classification"
-    inputs: Tensor  # token windows (n, seq_len) or images (n, C, H, W); training windows may be a TokenWindows
-    labels: Tensor | None = None  # class labels for images
-    info: dict | None = None
-
-
-def load_eval_data(spec: str, template: Loaded, *, seq_len: int | None, max_tokens: int | None,
-                   max_examples: int | None, text_field: str = "text", flag: str = "--data") -> EvalData:
-    """Token windows (language models) or preprocessed images (timm) of a data spec, for the template."""
-    from .data import load_token_windows, read_images
-    from .token_files import is_token_file, open_token_windows
-    if template.task == "image-classification":
-        cfg = template.backend.preprocessing(template.config)
-        images, labels, info = read_images(spec, input_size=tuple(cfg["input_size"]), mean=tuple(cfg["mean"]),
-                                           std=tuple(cfg["std"]), max_examples=max_examples)
-        return EvalData("image-classification", images, labels, info)
-    seq_len = seq_len or default_seq_len(template)
-    check_seq_len(seq_len, template)
-    cap = "--max-train-tokens" if flag == "--train-data" else "--max-eval-tokens"
-    if is_token_file(spec):  # training data stays memory-mapped; evaluation data is small and read at once
-        try:
-            tokenizer = template.backend.tokenizer(template.folder)
-        except UserError:  # a model without a tokenizer: the ids are still checked against its embedding
-            tokenizer = None
-        windows, info = open_token_windows(spec, seq_len, template.config.vocab_size, max_tokens, flag, tokenizer)
-        return EvalData("causal-lm", windows if flag == "--train-data" else windows[:], None, info)
-    windows, info = load_token_windows(spec, template.backend.tokenizer(template.folder), seq_len, max_tokens,
-                                       text_field=text_field, max_tokens_flag=cap)
-    return EvalData("causal-lm", windows, None, info)
-
-
-def default_seq_len(template: Loaded) -> int:
-    return min(512, template.adapter.context_length(template.config) or 512)
-
-
-def check_seq_len(seq_len: int, template: Loaded) -> None:
-    check_context(seq_len, template.adapter.context_length(template.config))
-
-
-def check_context(seq_len: int, context: int | None) -> None:
-    if context is not None and seq_len > context:
-        raise OptionError(f"--seq-len {seq_len} is longer than the model's context ({context} tokens)")
+from ..core.canonical import interpolate
+from ..progress import tqdm
+from ..sources.eval_data import EvalData
+from ..sources.models import Loaded, build, fill
 
 
 def _batches(n: int, batch_size: int):
@@ -130,7 +83,7 @@ def evaluate_points(graphs: list, weights: list[tuple[float, ...]], template: Lo
     decoder layer's weights are computed from the graphs once per point and run on every batch before the next
     layer is computed (layer-major: the batches' outputs between layers are kept, CARRIED_BYTES at most, in
     groups of batches beyond that), so one layer of the merged model is in memory at a time."""
-    from .sources import canonical_bytes
+    from ..sources.checkpoints import canonical_bytes
     if streamed is None:
         streamed = canonical_bytes(graphs[0]) > STREAMED_EVAL_BYTES
     if streamed:
@@ -146,8 +99,8 @@ def evaluate_points(graphs: list, weights: list[tuple[float, ...]], template: Lo
 def _evaluate_streamed(graphs, weights, template, data, batch_size, device, progress, desc) -> list[dict]:
     from types import SimpleNamespace
 
-    from .layerwise import GraphLayer, norm_modules, swap_layers
-    from .models import own_tensors
+    from ..sources.layerwise import GraphLayer, norm_modules, swap_layers
+    from ..sources.models import own_tensors
     adapter, spec = template.adapter, graphs[0].spec
     holder = SimpleNamespace(graph=None, stage=None)
     model = build(interpolate(graphs, list(weights[0])), template).eval()
@@ -170,7 +123,7 @@ def _evaluate_layer_major(model, layers, holder, data: EvalData, batch_size: int
     """evaluate() of a model whose layers are GraphLayers, one layer at a time over a group of batches: each
     layer's weights are computed once per group, not once per batch (the same operations on the same weights as
     evaluate(): the same result).  A group holds as many batches as fit their layer outputs in CARRIED_BYTES."""
-    from .layerwise import Stage, StopForward
+    from ..sources.layerwise import Stage, StopForward
 
     def forward(part: slice) -> None:
         try:

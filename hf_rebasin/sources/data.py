@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import DataError
 from .data_specs import (
     check_spec_exists,
     is_saved_dataset,
@@ -52,7 +53,6 @@ from .data_specs import (
     load_saved_dataset,
     looks_like_path,
 )
-from .errors import DataError
 from .images import read_images  # re-exported: the one --data layer
 
 __all__ = ["DataError", "check_spec_exists", "read_texts", "token_windows", "load_token_windows", "read_images",
@@ -280,7 +280,7 @@ def token_stream(texts: Iterable[str], tokenizer) -> Iterator[tuple[int, list[in
 def token_windows(texts: list[str], tokenizer, seq_len: int, max_tokens: int | None = None,
                   max_tokens_flag: str = "--max-eval-tokens") -> torch.Tensor:
     """LongTensor (n_windows, seq_len): the fixed windowing protocol of the module docstring."""
-    from .progress import tqdm
+    from ..progress import tqdm
 
     if isinstance(texts, str):
         texts = [texts]

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 SCHEMA_VERSION = 2
 REPORT_FILE = "barrier.json"

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .assets import card_template
-from .backends import BACKENDS, is_hub_id
-from .io import atomic_write
-from .report import Report, read_json, read_report
+from ..assets import card_template
+from ..evaluation.report import Report, read_json, read_report
+from ..export.io import atomic_write
+from ..sources.backends import BACKENDS, is_hub_id
 
 PIPELINE_TAGS = {"causal-lm": "text-generation", "image-classification": "image-classification"}
 CARD_DESCRIPTIONS = {
@@ -89,7 +89,7 @@ def source_license(source: str) -> str | None:
 def local_inputs(report: Report) -> list[str]:
     """The models and data of a report that are local files or folders (not Hub ids or datasets), as a card
     names them: the Reproduce line cannot fetch them."""
-    from .data_specs import looks_like_path
+    from ..sources.data_specs import looks_like_path
     spec = report.data.get("spec")
     data = [spec] if spec and (looks_like_path(spec) or Path(spec).expanduser().exists()) else []
     names = [public_name(m) for m in report.models if not is_hub_id(m)] + [public_name(d) for d in data]
@@ -188,7 +188,7 @@ def merged_point(report: Report) -> str:
 
 
 def library_name(report: Report) -> str:
-    from .adapters import REGISTRY
+    from ..adapters import REGISTRY
     adapter = REGISTRY.get(report.architecture)
     if adapter is not None:
         return adapter.backend

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .errors import ModelLoadError, UserError
+from ..errors import ModelLoadError, UserError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "added_tokens.json")
@@ -124,7 +124,7 @@ class TransformersBackend(Backend):
     def configure(self, folder: Path, hub_config: dict):
         from transformers import AutoConfig
 
-        from .adapters import get_adapter
+        from ..adapters import get_adapter
         architectures = hub_config.get("architectures") or []
         if not architectures:
             raise ModelLoadError(f"{folder}: config.json has no 'architectures' entry, so the model class is unknown")
@@ -217,7 +217,7 @@ class TimmBackend(Backend):
     def configure(self, folder: Path, hub_config: dict):
         import timm
 
-        from .adapters import get_adapter
+        from ..adapters import get_adapter
         try:
             with empty_weights():
                 model = timm.create_model(self.timm_name(folder), pretrained=False)

@@ -1,0 +1,31 @@
+"""Writing a canonical graph as a checkpoint of the ORIGINAL class (loads with the stock ``from_pretrained`` /
+``timm.create_model``): safetensors shards streamed part by part, with the config, tokenizer or preprocessing
+beside them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..sources.models import Loaded, own_tensors, state_dict_parts
+from .io import DEFAULT_SHARD_BYTES, ShardWriter
+
+
+def save(graph, template: Loaded, out_dir: str | Path, *, dtype: torch.dtype | None = None,
+         max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+    """Write the graph as a checkpoint of the template's class (loads with the stock loader), streamed part by
+    part into safetensors shards of at most max_shard_bytes, in `dtype` (default: the source's stored dtype;
+    arithmetic is fp32, the cast is last), with the config, tokenizer or preprocessing beside it."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dtype = dtype or template.files.dtype
+    with ShardWriter(out_dir, "model", max_shard_bytes) as writer:
+        for part in state_dict_parts(graph, template):
+            for name, value in own_tensors(part, torch.float32).items():
+                writer.add(name, value.to(dtype))
+    changes = template.adapter.export_config_changes(graph, template.config)
+    template.backend.write_companions(template, changes, dtype, out_dir)
+
+
+def export(graph, template: Loaded, out_dir: str | Path, **options) -> None:
+    save(graph, template, out_dir, **options)
