@@ -27,8 +27,9 @@ def barrier_options(pair: dict, method: str, seq_len: int | None, max_tokens: in
     trained on the train split (`learned`: extra merge flags for lm/dual, parsed like the command line's)."""
     from hf_rebasin.cli import build_parser
     from hf_rebasin.options import MergeOptions, from_namespace
-    argv = ["barrier", "A", "B", "--method", method, "--data", pair["test_data"], "--match-data", pair["val_data"],
-            "--max-eval-tokens", str(max_tokens)]
+    argv = ["barrier", "A", "B", "--method", method, "--data", pair["test_data"], "--max-eval-tokens", str(max_tokens)]
+    if method == "am":  # (an option a method ignores is refused)
+        argv += ["--match-data", pair["val_data"]]
     if seq_len:
         argv += ["--seq-len", str(seq_len)]
     if method in ("lm", "dual"):

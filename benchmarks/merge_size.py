@@ -150,8 +150,9 @@ def run_one(name: str, work: Path, rounds: int, lambdas: int, max_eval_tokens: i
     if not data.is_file():
         data.write_text((SHARED / "tinyshakespeare.txt").read_text()[-100_000:])
     out = work / f"merged-{name}-{method}"
-    command = [str(REPO / ".venv" / "bin" / "hf-rebasin"), "merge", str(a), str(b), "--method", method, "--rounds",
-               str(rounds), "--lambdas", str(lambdas), "--max-eval-tokens", str(max_eval_tokens), "--data", str(data),
+    command = [str(REPO / ".venv" / "bin" / "hf-rebasin"), "merge", str(a), str(b), "--method", method,
+               *(["--rounds", str(rounds)] if method != "raw" else []),  # (raw runs no matching: refused)
+               "--lambdas", str(lambdas), "--max-eval-tokens", str(max_eval_tokens), "--data", str(data),
                "--out", str(out), "--force"]
     row = {"config": name, "method": method, **measure(command, work / f"merge-{name}-{method}.log")}
     report = json.loads((out / "barrier.json").read_text())
