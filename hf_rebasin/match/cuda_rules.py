@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten
 
 # ops that make the host wait for the device (their result is a value the host reads, or a data-dependent size)
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "_unique2", "unique_dim", "unique_consecutive", "_linalg_check_errors",
-            "masked_select", "nonzero_static_unbacked", "equal", "is_nonzero", "allclose"}
+            "masked_select", "equal", "is_nonzero"}
 COPY_OPS = {"_to_copy", "copy_", "copy"}
 
 
@@ -117,7 +117,7 @@ class Recorder(TorchDispatchMode):
         counts = self.counts
         counts.ops += 1
         counts.views += _is_view(func)
-        if name.startswith(("linalg_", "_linalg_")) or name in ("cholesky", "matrix_exp", "linalg_solve_ex"):
+        if name.startswith(("linalg_", "_linalg_")) or name in ("cholesky", "matrix_exp"):
             bad = {str(t.dtype) for t in on_device if t.is_floating_point() and t.dtype not in (torch.float32,
                                                                                              torch.float64)}
             if bad and self.device_type != "meta":
