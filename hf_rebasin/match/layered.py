@@ -25,10 +25,10 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor, nn
 
-from ..core.canonical import Graph, mix, residual_role
+from ..core.canonical import Graph, mix
 from ..sources.layerwise import OnDemandLayer, norm_modules, swap_layers
 from .params import SymmetryParams
-from .path import PathOfEnds, stored, strip_parameters
+from .path import PathOfEnds, scale_writes, stored, strip_parameters
 
 
 class FrozenTensors(nn.Module):
@@ -63,8 +63,8 @@ class LayerPoint(OnDemandLayer):
         parts = [frozen.tensors() for frozen in self.ends]
         parts = [owner.ends[k].apply_layer(p, self.i, owner.elements[k]) if k in owner.elements else p
                  for k, p in zip(owner.keys, parts)]
-        return owner.adapter.layer_from_canonical(owner.scale_writes(mix(parts, owner.current_weights)), owner.config,
-                                                  owner.spec, self.i)
+        point = scale_writes(mix(parts, owner.current_weights), owner.write_factor)
+        return owner.adapter.layer_from_canonical(point, owner.config, owner.spec, self.i)
 
 
 class LayeredPathLoss(PathOfEnds):
@@ -143,13 +143,6 @@ class LayeredPathLoss(PathOfEnds):
         return local, total
 
     # --- the forward --------------------------------------------------------------------------------
-    def scale_writes(self, point: dict[str, Tensor]) -> dict[str, Tensor]:
-        """The point's tensors with its residual writes times this forward's write factor (eps_and_write_factor)."""
-        factor = self.write_factor
-        if factor is None:
-            return point
-        return {k: v * factor if residual_role(k) == "write" else v for k, v in point.items()}
-
     def _outside_state(self, rows: Tensor | None) -> dict[str, Tensor]:
         """The model's state dict outside the layers at the current point.  With `rows`, only those token-embedding
         rows are transformed and interpolated (PathLoss.point)."""
@@ -160,7 +153,7 @@ class LayeredPathLoss(PathOfEnds):
             parts = [{**p, key: p[key][rows]} for p in parts]
         parts = [SymmetryParams.apply_outside(p, self.elements[k]) if k in self.elements else p
                  for k, p in zip(self.keys, parts)]
-        point = self.scale_writes(mix(parts, self.current_weights))
+        point = scale_writes(mix(parts, self.current_weights), self.write_factor)
         if rows is not None:
             point[key] = first_embedding.index_put((rows,), point[key].to(first_embedding.dtype))
         return self.adapter.outside_from_canonical(point, self.config, self.spec)

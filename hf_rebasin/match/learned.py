@@ -45,12 +45,12 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor, nn
 
-from ..core.canonical import Graph, interpolate, residual_role
+from ..core.canonical import Graph, interpolate
 from ..core.symmetry import apply, compose
 from ..errors import OptionError, UserError
 from .alignment import DEFAULT_HOLDOUT
 from .params import SymmetryParams
-from .path import PathOfEnds, stored, strip_parameters
+from .path import PathOfEnds, scale_writes, stored, strip_parameters
 
 LEARNED_SETTINGS = ("method", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
                     "lambda_dist", "learn_seed", "eval_every", "eval_subset", "holdout", "checkpoint_every",
@@ -107,9 +107,7 @@ class PathLoss(PathOfEnds):
         weights = self.weights(lam)
         eps, factor = self.eps_and_write_factor(elements, [g.norm_eps for g in graphs.values()], weights)
         point = interpolate(moved, weights)
-        params = point.params
-        if factor is not None:
-            params = {k: v * factor if residual_role(k) == "write" else v for k, v in params.items()}
+        params = scale_writes(point.params, factor)
         if rows is not None:  # unused rows: the first model's own (any value would do)
             params[key] = first.params[key].index_put((rows,), params[key].to(first.params[key].dtype))
         return point.replace(params, norm_eps=eps)

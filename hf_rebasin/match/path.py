@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.canonical import Graph
+from ..core.canonical import Graph, residual_role
 from ..core.symmetry import Transform
 from .params import SymmetryParams
 
@@ -109,3 +109,11 @@ def stored(graph: Graph, dtype: torch.dtype | None) -> Graph:
     if dtype is None:
         return graph
     return graph.replace({k: v.to(dtype) if v.is_floating_point() else v for k, v in graph.params.items()})
+
+
+def scale_writes(params: dict[str, Tensor], factor: Tensor | None) -> dict[str, Tensor]:
+    """The point's tensors with every residual write times `factor` (PathOfEnds.eps_and_write_factor; None: as
+    they are)."""
+    if factor is None:
+        return params
+    return {k: v * factor if residual_role(k) == "write" else v for k, v in params.items()}
