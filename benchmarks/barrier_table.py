@@ -1,11 +1,12 @@
 """Barrier table: pairs the project trains from two seeds, every matching method, test-split barriers.
 
     .venv/bin/python benchmarks/barrier_table.py [--pairs neox-shakespeare,gpt2-shakespeare,vit-digits]
-                                                 [--methods raw,am,wm-perm,wm,lm,dual] [--json runs/barrier_table.json]
+                                                 [--methods raw,am,wm,dual,dual/self] [--json runs/barrier_table.json]
                                                  [--learned-args "--steps 300 --lr 3e-3"] [--seeds 11,12]
 
 Pairs come from benchmarks/pairs.py (trained once, cached under runs/pairs/).  Evaluation on the
-test split; activation matching uses the validation split, lm and dual train on the train split.  Prints a
+test split; activation matching uses the validation split, lm and dual train on the train split (METHOD/self: on
+text sampled from the two models instead, `--train-data self` / `--match-data self`).  Prints a
 Markdown table for BENCHMARKS.md with the published Tiny Shakespeare figures of Theus et al.
 (Table 2: vanilla averaging 2.02, activation matching 1.43, weight matching 0.34) beside.
 """
@@ -27,13 +28,14 @@ def barrier_options(pair: dict, method: str, seq_len: int | None, max_tokens: in
     trained on the train split (`learned`: extra merge flags for lm/dual, parsed like the command line's)."""
     from hf_rebasin.cli import build_parser
     from hf_rebasin.options import MergeOptions, from_namespace
+    method, _, data = method.partition("/")  # "dual/self": sampled from the models instead of the pair's text
     argv = ["barrier", "A", "B", "--method", method, "--data", pair["test_data"], "--max-eval-tokens", str(max_tokens)]
     if method == "am":  # (an option a method ignores is refused)
-        argv += ["--match-data", pair["val_data"]]
+        argv += ["--match-data", data or pair["val_data"]]
     if seq_len:
         argv += ["--seq-len", str(seq_len)]
     if method in ("lm", "dual"):
-        argv += ["--train-data", pair["train_data"], *learned]
+        argv += ["--train-data", data or pair["train_data"], *learned]
     return from_namespace(MergeOptions, build_parser().parse_args(argv))
 
 
@@ -64,7 +66,10 @@ def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int
                      "loss_mid": report["loss"][mid], "metric": metric,
                      "metric_a": report[metric][0], "metric_b": report[metric][-1], "metric_mid": report[metric][mid],
                      "match_s": report["timings"]["match_s"], "total_s": seconds,
-                     "rounds": max(0, sum("distance" in e for e in report.get("match_log") or []) - 1)})
+                     "rounds": max(0, sum("distance" in e for e in report.get("match_log") or []) - 1),
+                     "sample_s": report["timings"].get("sample_s"),
+                     "tokens_sampled": (report["settings"].get("train_data") or {}).get("tokens")
+                     if method.endswith("/self") else None})
         print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 

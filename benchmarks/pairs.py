@@ -57,6 +57,20 @@ PAIRS: dict[str, dict] = {
         "seq_len": 128,
         "training": dict(steps=800, batch_size=4, lr=3e-3, warmup=40, weight_decay=0.1),
     },
+    # trained like a real pair (issue 29): ~15M tokens each, 10x the others, to a plateau, on CPython's standard
+    # library (files split train / val / test: the barrier is measured on files neither model saw); the
+    # example pair's shape and tokenizer size; both seeds trained at once, one thread each (deterministic)
+    "neox-stdlib-long": {
+        "task": "causal-lm",
+        "corpus": "stdlib",
+        "vocab_size": 1024,
+        "config_class": "GPTNeoXConfig",
+        "config": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256,
+                       rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=256,
+                       tie_word_embeddings=False),
+        "seq_len": 128,
+        "training": dict(steps=3700, batch_size=32, lr=3e-3, warmup=100, weight_decay=0.1, log_every=50),
+    },
     "vit-digits": {
         "task": "image-classification",
         "model_args": dict(in_chans=1, img_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4,
@@ -128,18 +142,67 @@ def vit_input_size(settings: dict) -> tuple[int, int, int]:
     return model_args["in_chans"], model_args["img_size"], model_args["img_size"]
 
 
-def build_lm_pair(name: str, folder: Path, progress: bool) -> dict:
-    from transformers import AutoTokenizer
+def stdlib_splits() -> dict[str, list[str]]:
+    """CPython's standard library (hf_rebasin.training.stdlib_files), split by file: of every 20 files the 1st is
+    test, the 11th val, the rest train."""
+    from hf_rebasin.training import stdlib_files, stdlib_texts
+    texts = stdlib_texts(stdlib_files())
+    return {"test": texts[0::20], "val": texts[10::20],
+            "train": [t for k, t in enumerate(texts) if k % 20 not in (0, 10)]}
 
-    settings = PAIRS[name]
-    tokenizer = AutoTokenizer.from_pretrained(require(GPT2_TOKENIZER, "the GPT-2 tokenizer"))
-    text = require(SHAKESPEARE, "Tiny Shakespeare").read_text(encoding="utf-8")
-    for split, part in zip(SPLITS, split_text(text, (0.9, 0.05, 0.05))):
+
+def lm_corpus(settings: dict, folder: Path):
+    """(tokenizer, {split: texts}) of a language pair; the split texts are written to folder/SPLIT.txt."""
+    if settings.get("corpus") == "stdlib":
+        from hf_rebasin.training import EOS, train_bpe_tokenizer
+        texts = stdlib_splits()
+        tokenizer = train_bpe_tokenizer(texts["train"], settings["vocab_size"])
+        joined = {split: f"\n{EOS}\n".join(parts) for split, parts in texts.items()}  # documents kept apart
+    else:
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(require(GPT2_TOKENIZER, "the GPT-2 tokenizer"))
+        text = require(SHAKESPEARE, "Tiny Shakespeare").read_text(encoding="utf-8")
+        joined = dict(zip(SPLITS, split_text(text, (0.9, 0.05, 0.05))))
+        texts = {split: [part] for split, part in joined.items()}
+    for split, part in joined.items():
         write_atomic_bytes(folder / f"{split}.txt", lambda path, part=part: path.write_text(part, encoding="utf-8"))
+    return tokenizer, texts
+
+
+def train_seed_in_process(settings: dict, tokenizer, train_windows, seed: int, out: Path) -> dict:
+    """One seed trained on one thread (run in a worker process, so that two seeds train at once); its log."""
+    torch.set_num_threads(1)
+    log: list = []
+    start = time.perf_counter()
+    training = dict(settings["training"])
+    model = train_causal_lm(lm_config(settings, tokenizer), train_windows, seed=seed, progress=False, log=log,
+                            **training)
+    save_lm(model, tokenizer, out)
+    return {"train_seconds": round(time.perf_counter() - start, 1), "log": log}
+
+
+def build_lm_pair(name: str, folder: Path, progress: bool) -> dict:
+    settings = PAIRS[name]
+    tokenizer, texts = lm_corpus(settings, folder)
     seq_len = settings["seq_len"]
-    windows = {split: token_windows(read_texts(str(folder / f"{split}.txt")), tokenizer, seq_len) for split in SPLITS}
+    windows = {split: token_windows(parts, tokenizer, seq_len) for split, parts in texts.items()}
     metrics: dict = {"tokens": {split: int(w.numel()) for split, w in windows.items()},
                      "ln_vocab": math.log(len(tokenizer))}
+    if settings.get("corpus") == "stdlib":  # long: both seeds at once, one thread each
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(len(SEEDS)) as pool:
+            runs = {key: pool.submit(train_seed_in_process, settings, tokenizer, windows["train"], seed,
+                                     folder / FOLDERS[key]) for key, seed in SEEDS.items()}
+            logs = {key: run.result() for key, run in runs.items()}
+        for key, seed in SEEDS.items():
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained(folder / FOLDERS[key], dtype=torch.float32).eval()
+            metrics[key] = {"seed": seed, "train_seconds": logs[key]["train_seconds"],
+                            "val_loss": causal_lm_loss(model, windows["val"]),
+                            "test_loss": causal_lm_loss(model, windows["test"])}
+            write_atomic_bytes(folder / f"train-log-{FOLDERS[key]}.json",
+                               lambda path, log=logs[key]["log"]: path.write_text(json.dumps(log) + "\n"))
+        return metrics
     for key, seed in SEEDS.items():
         start = time.perf_counter()
         model = train_lm_seed(settings, tokenizer, windows["train"], seed, folder / FOLDERS[key], progress)
@@ -240,7 +303,7 @@ def extra_model(name: str, seed: int, cache_dir: str | Path = "runs/pairs", *, p
     if settings["task"] == "causal-lm":
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(pair["model_a"])
-        windows = token_windows(read_texts(pair["train_data"]), tokenizer, settings["seq_len"])
+        windows = token_windows(read_texts(pair["train_data"]), tokenizer, settings["seq_len"])  # (stdlib: EOS-joined)
         train_lm_seed(settings, tokenizer, windows, seed, partial, progress)
     else:
         images, labels = read_images(pair["train_data"], input_size=vit_input_size(settings), mean=(0.5,),

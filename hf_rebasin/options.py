@@ -109,7 +109,7 @@ class MergeOptions:
                                      choices=LAMBDA_DISTRIBUTIONS)
     train_data: str | None = option(None, "training data for lm/dual, same forms as --data, or a token file FILE.npy "
                                     "(`hf-rebasin tokenize`, read memory-mapped) (default: --match-data, else --data "
-                                    "split in halves)", group=LEARNED)
+                                    "split in halves by document)", group=LEARNED)
     allow_train_on_eval: bool = option(False, "accept training data that shares examples with the evaluation data "
                                        "(refused otherwise: the barrier would be in-sample)", group=LEARNED)
     max_train_tokens: int | None = option(None, "cap on training tokens (LMs; default all)", group=LEARNED, low=1)

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from .checks import check_request
 from .core.canonical import interpolate
 from .core.symmetry import Transform, apply
@@ -38,7 +40,15 @@ from .match import METHODS, Alignment, MatchContext
 from .options import DEFAULT_LM_DATA, MergeOptions
 from .requirements import installed_versions
 from .sources.eval_data import EvalData, load_eval_data
-from .sources.models import Loaded, canonicalise, check_compatible, check_same_structure, instantiate, load
+from .sources.models import (
+    Loaded,
+    PlainAverage,
+    canonicalise,
+    check_compatible,
+    check_same_structure,
+    instantiate,
+    load,
+)
 from .version import __version__
 
 
@@ -80,6 +90,11 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
                                f"the configuration of {names[0]} (width {loaded[0].spec.d_model}) before matching")
     for k, graph in enumerate(graphs[1:], start=1):
         check_same_structure(graphs[0], graph, ("model 0", f"model {k}") if len(graphs) > 2 else ("A", "B"))
+    if options.method == "raw" and not narrower:  # the element-wise average of the checkpoints as loaded
+        graphs = [PlainAverage(g) for g in graphs]
+    elif options.method == "raw":
+        embedding_notes.append("raw with a narrower model averages the canonical forms (checkpoints of different "
+                               "shapes have no element-wise average)")
     timings["load_s"] = time.perf_counter() - start
 
     template = loaded[0]
@@ -179,7 +194,7 @@ def eval_data(spec: str | None, template: Loaded, options: MergeOptions, flag: s
 def training_data(options: MergeOptions, template: Loaded, match_data: EvalData | None,
                   data: EvalData) -> tuple[EvalData, EvalData, list[str]]:
     """(training data, evaluation data, notes) of a learned method.  --train-data, else --match-data, else --data
-    split into disjoint halves (every other window / image trains, the rest is evaluated).  Training data that
+    split into disjoint halves (split_in_halves: text by document, never window by window).  Training data that
     shares examples with the evaluation data (compared by content) is refused unless --allow-train-on-eval."""
     notes = []
     if options.train_data:
@@ -192,9 +207,9 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
         if len(data.inputs) < 4:
             raise OptionError(f"--method {options.method} with only --data splits it into training and evaluation "
                               f"halves, and {len(data.inputs)} examples are too few: pass --train-data")
-        train, data = subset(data, slice(0, None, 2), "train half"), subset(data, slice(1, None, 2), "eval half")
-        notes.append(f"no --train-data: --data was split by example into disjoint halves; learned matching trained "
-                     f"on {len(train.inputs)} of them, the barrier is measured on the other {len(data.inputs)}")
+        train, data, how = split_in_halves(data, template, options.learn_seed)
+        notes.append(f"no --train-data: --data was split into disjoint halves ({how}); learned matching trained "
+                     f"on {len(train.inputs)} examples, the barrier is measured on the other {len(data.inputs)}")
     shared = shared_examples(train, data)
     if shared:
         where = "--train-data" if options.train_data else "--match-data" if match_data is not data else "--data"
@@ -205,6 +220,41 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
         notes.append(f"learned matching trained on {shared} examples that are also evaluated (--allow-train-on-eval): "
                      "the reported barrier is partly in-sample")
     return train, data, notes
+
+
+def split_in_halves(data: EvalData, template: Loaded, seed: int) -> tuple[EvalData, EvalData, str]:
+    """(training half, evaluation half, how) of --data for a learned method given no --train-data.
+    Text: the first half of the documents trains and the second half is evaluated.  Neighbouring windows of one
+    document are nearly the same text, so splitting window by window would measure an in-sample barrier in
+    disguise; the cut is the document boundary (an EOS token) nearest the middle of the windows, and the window
+    holding it is dropped, so no document has text on both sides (one long document: cut at the middle).
+    Images are independent examples: a random split, seeded by --learn-seed (a folder is sorted by class, so
+    contiguous halves would train and evaluate on different classes)."""
+    n = len(data.inputs)
+    if data.task == "image-classification":
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        first, second = order[: n // 2].sort().values, order[n // 2:].sort().values
+        return (subset(data, first, "train half"), subset(data, second, "eval half"),
+                f"images at random, seed {seed}")
+    eos = eos_token_id(template)
+    holds_eos = [] if eos is None else (data.inputs == eos).any(dim=1).nonzero().flatten().tolist()
+    near_middle = [k for k in holds_eos if n // 4 <= k < n - n // 4 and 0 < k < n - 1]
+    if near_middle:
+        cut = min(near_middle, key=lambda k: abs(k - n / 2))
+        return (subset(data, slice(0, cut), "train half"), subset(data, slice(cut + 1, n), "eval half"),
+                f"by document: windows 0-{cut - 1} train, {cut + 1}-{n - 1} are evaluated, window {cut} (a "
+                "document boundary) is dropped")
+    cut = n // 2
+    return (subset(data, slice(0, cut), "train half"), subset(data, slice(cut, n), "eval half"),
+            f"one document: its first {cut} windows train, the last {n - cut} are evaluated")
+
+
+def eos_token_id(template: Loaded) -> int | None:
+    from .errors import UserError
+    try:
+        return getattr(template.backend.tokenizer(template.folder), "eos_token_id", None)
+    except UserError:  # a model without a tokenizer (token files only): no document boundaries known
+        return None
 
 
 def example_digests(data: EvalData) -> list[str]:
@@ -223,7 +273,7 @@ def data_digest(data: EvalData) -> str:
     return hashlib.sha256("".join(example_digests(data)).encode()).hexdigest()[:16]
 
 
-def subset(data: EvalData, part: slice, name: str) -> EvalData:
+def subset(data: EvalData, part, name: str) -> EvalData:
     labels = None if data.labels is None else data.labels[part]
     inputs = data.inputs[part]
     info = {**(data.info or {}), "part": name}

@@ -88,8 +88,9 @@ def check_positive(**values: float) -> None:
 
 def run_training(model: torch.nn.Module, loss_of_batch, n_examples: int, *, seed: int, steps: int,
                  batch_size: int, lr: float, warmup: int | None, weight_decay: float, grad_clip: float,
-                 log_every: int, progress: bool, desc: str) -> torch.nn.Module:
-    """The shared loop: AdamW, warmup + cosine schedule, gradient clipping, tqdm with running loss."""
+                 log_every: int, progress: bool, desc: str, log: list | None = None) -> torch.nn.Module:
+    """The shared loop: AdamW, warmup + cosine schedule, gradient clipping, tqdm with running loss (and, given a
+    list `log`, {step, loss (running mean), lr} appended every log_every steps)."""
     warmup = max(1, steps // 20) if warmup is None else max(1, warmup)
     optimizer = adamw(model, lr, weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, steps, warmup))
@@ -112,13 +113,15 @@ def run_training(model: torch.nn.Module, loss_of_batch, n_examples: int, *, seed
         running = value if running is None else 0.95 * running + 0.05 * value
         if step % max(1, log_every) == 0 or step == steps - 1:
             bar.set_postfix(loss=f"{running:.3f}", lr=f"{schedule.get_last_lr()[0]:.2e}")
+            if log is not None:
+                log.append({"step": step, "loss": round(running, 4), "lr": schedule.get_last_lr()[0]})
     bar.close()
     return model.eval()
 
 
 def train_causal_lm(config, windows: torch.Tensor, *, seed: int, steps: int, batch_size: int, lr: float,
                     warmup: int | None = None, weight_decay: float = 0.1, grad_clip: float = 1.0,
-                    log_every: int = 10, progress: bool = True) -> torch.nn.Module:
+                    log_every: int = 10, progress: bool = True, log: list | None = None) -> torch.nn.Module:
     """Train `AutoModelForCausalLM.from_config(config)` on token windows (n, seq_len) by next-token loss.
 
     `torch.manual_seed(seed)` is set before the model is built, so the seed changes the
@@ -150,7 +153,7 @@ def train_causal_lm(config, windows: torch.Tensor, *, seed: int, steps: int, bat
 
     return run_training(model, loss_of_batch, len(windows), seed=seed, steps=steps, batch_size=batch_size,
                         lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
-                        log_every=log_every, progress=progress, desc=f"train LM (seed {seed})")
+                        log_every=log_every, progress=progress, desc=f"train LM (seed {seed})", log=log)
 
 
 def shift_images(images: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:

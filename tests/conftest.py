@@ -44,6 +44,17 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(scope="module")
+def image_file(tmp_path_factory):
+    """Random images with labels, for the barrier of the tiny ViTs."""
+    import numpy as np
+    path = tmp_path_factory.mktemp("data") / "images.npz"
+    gen = np.random.default_rng(0)
+    np.savez(path, images=gen.standard_normal((48, 3, 16, 16)).astype(np.float32),
+             labels=gen.integers(0, 10, 48))
+    return path
+
+
+@pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
     """Held-out text for the barrier: standard-library files the tiny models were not trained on."""
     path = tmp_path_factory.mktemp("data") / "heldout.txt"

@@ -33,12 +33,69 @@ def test_training_on_the_evaluation_data_is_refused_by_content(pair, tmp_path, c
 def test_data_alone_is_split_into_disjoint_halves(pair, tmp_path):
     assert dual(pair, tmp_path / "out") == 0
     report = json.loads((tmp_path / "out" / "barrier.json").read_text())
-    assert any("split by example into disjoint halves" in note for note in report["notes"])
+    assert any("split into disjoint halves (" in note for note in report["notes"])
     train, held_out = report["settings"]["train_data"], report["data"]
-    assert held_out["tokens"] == 1024 and train["tokens"] == 1024 and held_out["part"] == "eval half"
-    assert train["digest"] != held_out["digest"]
+    assert held_out["part"] == "eval half" and train["digest"] != held_out["digest"]
+    assert 0 < train["tokens"] and 0 < held_out["tokens"] and train["tokens"] + held_out["tokens"] <= 2048
     card = (tmp_path / "out" / "README.md").read_text()
     assert "disjoint halves" in card and "`learned_parameters`" in card
+
+
+def _windows_of_documents(lengths, seq_len=4, eos=0):
+    """Windows of documents of the given token lengths joined by EOS; document k's tokens are all k + 1."""
+    import torch
+    ids = []
+    for k, length in enumerate(lengths):
+        ids += ([eos] if k else []) + [k + 1] * length
+    n = len(ids) // seq_len
+    return torch.tensor(ids[:n * seq_len]).view(n, seq_len)
+
+
+class _Tokenizer:
+    eos_token_id = 0
+
+
+class _Template:
+    folder = None
+
+    class backend:
+        @staticmethod
+        def tokenizer(folder):
+            return _Tokenizer()
+
+
+def test_text_is_split_by_document_never_window_by_window():
+    """The split the issue asked for: no document has text on both sides (neighbouring windows of one document
+    are nearly the same text), the training half comes first, and one long document is cut in the middle."""
+    from hf_rebasin.pipeline import split_in_halves
+    from hf_rebasin.sources.eval_data import EvalData
+    windows = _windows_of_documents([10, 14, 9, 12, 11, 15])
+    train, held_out, how = split_in_halves(EvalData("causal-lm", windows, None, {"tokens": windows.numel()}),
+                                           _Template, seed=0)
+    documents = lambda part: {int(t) for t in part.inputs.flatten()} - {0}
+    assert documents(train) and documents(held_out) and not documents(train) & documents(held_out)
+    assert max(documents(train)) < min(documents(held_out)) and "by document" in how
+    assert abs(len(train.inputs) - len(held_out.inputs)) <= len(windows) // 2
+    single = _windows_of_documents([40])
+    train, held_out, how = split_in_halves(EvalData("causal-lm", single, None, {}), _Template, seed=0)
+    assert train.inputs.tolist() == single[:5].tolist() and held_out.inputs.tolist() == single[5:].tolist()
+    assert "one document" in how
+
+
+def test_images_are_split_at_random_under_the_seed():
+    import torch
+
+    from hf_rebasin.pipeline import split_in_halves
+    from hf_rebasin.sources.eval_data import EvalData
+    images, labels = torch.arange(20.0).view(20, 1, 1, 1), torch.arange(20) // 10  # sorted by class, as a folder is
+    data = EvalData("image-classification", images, labels, {"examples": 20})
+    train, held_out, _ = split_in_halves(data, _Template, seed=0)
+    seen = {int(x) for x in train.inputs.flatten()}
+    assert len(train.inputs) == len(held_out.inputs) == 10 and not seen & {int(x) for x in held_out.inputs.flatten()}
+    assert set(train.labels.tolist()) == {0, 1}  # both classes on both sides, unlike contiguous halves
+    again, _, _ = split_in_halves(data, _Template, seed=0)
+    other, _, _ = split_in_halves(data, _Template, seed=1)
+    assert again.inputs.tolist() == train.inputs.tolist() and other.inputs.tolist() != train.inputs.tolist()
 
 
 def test_report_counts_learned_parameters_and_keeps_the_signed_excess(pair, tmp_path):

@@ -4,7 +4,6 @@ import json
 import math
 
 import checks
-import numpy as np
 import pytest
 import torch
 from checks import data_args, disguise
@@ -15,15 +14,6 @@ from hf_rebasin.cli import main
 from hf_rebasin.core import symmetry
 from hf_rebasin.core.symmetry import Transform
 from hf_rebasin.sources import models
-
-
-@pytest.fixture(scope="module")
-def image_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "images.npz"
-    gen = np.random.default_rng(0)
-    np.savez(path, images=gen.standard_normal((48, 3, 16, 16)).astype(np.float32),
-             labels=gen.integers(0, 10, 48))
-    return path
 
 
 @pytest.mark.parametrize("kind", tiny.kinds())

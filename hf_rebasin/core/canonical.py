@@ -194,6 +194,8 @@ def fold_norm(gamma: Tensor | None, beta: Tensor | None, weight: Tensor, bias: T
 def interpolate(graphs: list, weights: list[float]):
     """The point sum_i w_i * graph_i of the canonical parameter space (lazy when any graph is lazy)."""
     first = graphs[0]
+    if hasattr(first, "interpolate_points"):  # graphs interpolated in their own parameters (sources.models)
+        return first.interpolate_points(graphs, weights)
     if any(isinstance(g, LazyGraph) for g in graphs):
         for other in graphs[1:]:
             if dataclasses.replace(other.spec, notes=()) != dataclasses.replace(first.spec, notes=()):

@@ -103,7 +103,8 @@ def _evaluate_streamed(graphs, weights, template, data, batch_size, device, prog
     from ..sources.models import own_tensors
     adapter, spec = template.adapter, graphs[0].spec
     holder = SimpleNamespace(graph=None, stage=None)
-    model = build(interpolate(graphs, list(weights[0])), template).eval()
+    first = interpolate(graphs, list(weights[0]))  # layers are filled from canonical parts, so the canonical export's
+    model = template.backend.build(template, adapter.export_config_changes(first, template.config)).eval()  # config
     layers = swap_layers(model, adapter, spec.n_layers,
                          lambda i, block, prefix: GraphLayer(i, block, prefix, holder, template))
     norms = norm_modules(adapter, model, layers) if spec.scale_exact else []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..sources.models import Loaded, own_tensors, state_dict_parts
+from ..sources.models import AveragedCheckpoints, Loaded, config_changes, own_tensors, state_dict_parts
 from .io import DEFAULT_SHARD_BYTES, ShardWriter
 
 
@@ -20,10 +20,11 @@ def save(graph, template: Loaded, out_dir: str | Path, *, dtype: torch.dtype | N
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = dtype or template.files.dtype
     with ShardWriter(out_dir, "model", max_shard_bytes) as writer:
-        for part in state_dict_parts(graph, template):
+        averaged = isinstance(graph, AveragedCheckpoints)  # the source's own tensor names, config unchanged
+        for part in graph.checkpoint_parts(file_names=True) if averaged else state_dict_parts(graph, template):
             for name, value in own_tensors(part, torch.float32).items():
                 writer.add(name, value.to(dtype))
-    changes = template.adapter.export_config_changes(graph, template.config)
+    changes = config_changes(graph, template)
     template.backend.write_companions(template, changes, dtype, out_dir)
 
 

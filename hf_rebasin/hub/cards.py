@@ -23,7 +23,7 @@ CARD_DESCRIPTIONS = {
     "wm": "weight matching (data-free: residual rotation, head permutations, per-head maps, FFN permutations)",
     "wm-perm": "weight matching restricted to permutations (data-free)",
     "am": "activation matching (assignments from activation correlations on data)",
-    "raw": "none: the unaligned weights are interpolated directly (baseline)",
+    "raw": "none: the checkpoints are averaged element-wise as loaded (the papers' raw interpolation, baseline)",
     "lm": "learned matching (the symmetry parameters of every model but A trained on the loss along the path)",
     "dual": "dual learned matching, LMC-DM (every endpoint carries trained symmetry parameters)",
 }

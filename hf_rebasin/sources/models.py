@@ -4,7 +4,7 @@ checkpoint is export/checkpoint.py.  Library specifics live in backends.py, arch
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,6 +119,88 @@ def canonicalise(loaded: Loaded) -> SourceGraph:
     return SourceGraph(loaded)
 
 
+class PlainAverage(LazyGraph):
+    """A source graph that is interpolated in the checkpoint's own parameters: the point sum_k w_k model_k is the
+    element-wise average of the checkpoints as loaded (method raw, the papers' raw interpolation).  Averaging the
+    canonical forms instead is another, kinder model: canonicalising multiplies each norm gain into the next layer,
+    and an average of products is not the product of averages."""
+
+    def __init__(self, source, loaded: Loaded | None = None):
+        self.source, self.loaded, self.spec = source, loaded or source.loaded, source.spec
+        self.norm_eps, self.meta, self.shapes = source.norm_eps, {}, getattr(source, "shapes", None)
+
+    def outside(self) -> dict[str, Tensor]:
+        return self.source.outside()
+
+    def layer(self, i: int) -> dict[str, Tensor]:
+        return self.source.layer(i)
+
+    def materialise(self) -> PlainAverage:
+        return PlainAverage(self.source.materialise(), self.loaded)
+
+    @property
+    def params(self) -> dict[str, Tensor]:
+        return self.source.params
+
+    @staticmethod
+    def interpolate_points(graphs: list, weights: list[float]) -> AveragedCheckpoints:
+        return AveragedCheckpoints([g.loaded for g in graphs], weights)
+
+
+class MixedFiles(Mapping):
+    """sum_k w_k files_k, tensor by tensor, in fp32 (models of weight 0 are not read; integer tensors: the first
+    model's), under the names of the first model's files."""
+
+    def __init__(self, files: list[CheckpointFiles], weights: list[float], sources: list[str]):
+        used = [(f, float(w), s) for f, w, s in zip(files, weights, sources) if w != 0.0]
+        used = used or [(files[0], 1.0, sources[0])]
+        self.first, self.used = files[0], used
+
+    def __getitem__(self, name: str) -> Tensor:
+        first = self.first[name]
+        if not first.is_floating_point():
+            return first
+        total = None
+        for files, w, source in self.used:
+            if name not in files:
+                raise IncompatibleModelsError(f"{source} has no tensor {name}: the checkpoints cannot be averaged")
+            term = files[name].to(torch.float32) * w if w != 1.0 else files[name].to(torch.float32)
+            total = term if total is None else total + term
+        return total
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.first)
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+
+class AveragedCheckpoints(LazyGraph):
+    """The element-wise average sum_k w_k checkpoint_k (see PlainAverage): its canonical parts are computed from
+    the averaged tensors, and building or saving it writes the averaged tensors themselves (the source's
+    configuration unchanged, nothing absorbed), under the source files' own names when saved."""
+
+    def __init__(self, loaded: list[Loaded], weights: list[float]):
+        self.loaded, self.template, self.spec = loaded, loaded[0], loaded[0].spec
+        self.weights = [float(w) for w in weights]
+        self.norm_eps, self.meta = loaded[0].adapter.norm_eps(loaded[0].config), {}
+        self.mixed = MixedFiles([m.files for m in loaded], self.weights, [m.source for m in loaded])
+
+    def _reader(self) -> StateReader:
+        return StateReader(self.mixed, self.template.adapter.architecture, self.template.source, checked=True)
+
+    def outside(self) -> dict[str, Tensor]:
+        return self.template.adapter.outside_to_canonical(self._reader(), self.template.config, self.spec)
+
+    def layer(self, i: int) -> dict[str, Tensor]:
+        return self.template.adapter.layer_to_canonical(self._reader(), self.template.config, self.spec, i)
+
+    def checkpoint_parts(self, file_names: bool = False) -> Iterator[dict[str, Tensor]]:
+        """The averaged tensors one at a time, under the model class's names (or the files' own names)."""
+        for name in self.mixed:
+            yield {self.template.files.location[name][1] if file_names else name: self.mixed[name]}
+
+
 # --- building and saving the original class --------------------------------------------------------
 
 def own_tensors(state_dict: dict[str, Tensor], dtype=torch.float32) -> dict[str, Tensor]:
@@ -135,7 +217,11 @@ def own_tensors(state_dict: dict[str, Tensor], dtype=torch.float32) -> dict[str,
 
 
 def state_dict_parts(graph, template: Loaded) -> Iterator[dict[str, Tensor]]:
-    """The original class's state dict, part by part: outside the layers, then one layer at a time."""
+    """The original class's state dict, part by part: outside the layers, then one layer at a time (an average
+    of checkpoints: its own tensors, one at a time)."""
+    if isinstance(graph, AveragedCheckpoints):
+        yield from graph.checkpoint_parts()
+        return
     adapter, spec = template.adapter, graph.spec
     yield adapter.outside_from_canonical(graph.outside(), template.config, spec)
     for i in range(spec.n_layers):
@@ -144,7 +230,14 @@ def state_dict_parts(graph, template: Loaded) -> Iterator[dict[str, Tensor]]:
 
 def build(graph, template: Loaded) -> nn.Module:
     """An empty model of the template's class with the graph's configuration (parameters on meta)."""
-    return template.backend.build(template, template.adapter.export_config_changes(graph, template.config))
+    return template.backend.build(template, config_changes(graph, template))
+
+
+def config_changes(graph, template: Loaded) -> dict:
+    """What the export changes in the template's config (nothing for an average of checkpoints)."""
+    if isinstance(graph, AveragedCheckpoints):
+        return {}
+    return template.adapter.export_config_changes(graph, template.config)
 
 
 def fill(model: nn.Module, graph, template: Loaded) -> nn.Module:
@@ -154,6 +247,9 @@ def fill(model: nn.Module, graph, template: Loaded) -> nn.Module:
     for part in state_dict_parts(graph, template):
         model.load_state_dict(own_tensors(part), strict=False, assign=True)
         names.update(part)
+    if isinstance(graph, AveragedCheckpoints) and hasattr(model, "tie_weights"):
+        model.tie_weights()  # a tied checkpoint stores the shared tensor once
+        names.update(name for name, value in model.state_dict().items() if value.device.type != "meta")
     missing = sorted(set(model.state_dict()) - names - {n for n, _ in model.named_buffers()})
     if missing:
         raise ValueError(f"{template.adapter.architecture} export: no canonical value for {missing[:5]}")
