@@ -26,7 +26,13 @@ DEFAULT_ALPHA = 0.5
 MAX_LATTICE_POINTS = 500  # evaluations of an N-way merge's simplex lattice
 LAMBDA_DISTRIBUTIONS = ("uniform", "narrow")
 DEFAULT_LAMBDA_DIST = {"lm": "narrow", "dual": "uniform"}  # Theus et al. / Li & Shen
-HARMLESS_WHEN_IGNORED = ("checkpoint_dir",)  # a place that is not used: warned about, not refused
+SELF_DATA = "self"  # --train-data / --match-data: sequences sampled from the models (sources/self_samples.py)
+# What a learned method trains on when neither --train-data nor --match-data is given: None = --data split in halves;
+# SELF_DATA = sampled from the models (making `self` the default is this one line)
+DEFAULT_LEARNED_DATA: str | None = None
+SELF_TEMPERATURE = 1.0  # measured: BENCHMARKS.md, "self-sampled training data"
+SELF_TOP_P = 1.0
+HARMLESS_WHEN_IGNORED = ("checkpoint_dir", "self_samples_dir")  # a place that is not used: warned about, not refused
 
 
 def option(default: Any = None, help: str = "", *, group: str = "", choices: tuple | None = None,
@@ -87,8 +93,17 @@ class MergeOptions:
     max_shard_size: str = option("5GB", "largest safetensors shard of the merged checkpoint (e.g. 5GB, 500MB)",
                                  group=OUTPUT)
     rounds: int = option(10, "cap on weight-matching rounds", group=MATCHING, low=1, high=1000)
-    match_data: str | None = option(None, "data for activation matching (default: --data)", group=MATCHING)
+    match_data: str | None = option(None, "data for activation matching (default: --data), same forms as --data, or "
+                                    f"{SELF_DATA}: sequences sampled from the models (language models; a folder named "
+                                    f"{SELF_DATA} is ./{SELF_DATA})", group=MATCHING)
     am_batches: int = option(4, "batches for activation matching", group=MATCHING, low=1)
+    self_temperature: float = option(SELF_TEMPERATURE, f"sampling temperature of --train-data / --match-data "
+                                     f"{SELF_DATA}", group=MATCHING, above=0.0, high=10.0)
+    self_top_p: float = option(SELF_TOP_P, f"nucleus (top-p) mass of --train-data / --match-data {SELF_DATA} "
+                               "sampling (1: the whole distribution)", group=MATCHING, above=0.0, high=1.0)
+    self_samples_dir: str = option("runs/self-samples", f"cache folder of the token files of --train-data / "
+                                   f"--match-data {SELF_DATA} (reused by a rerun with the same models and settings)",
+                                   group=MATCHING)
     # learned matching
     steps: int = option(300, "optimiser steps", group=LEARNED, low=1, high=10_000_000)
     lr: float = option(3e-3, "AdamW learning rate (symmetry parameters are angles and log-scales; 1e-3 .. 1e-2 is "
@@ -108,8 +123,11 @@ class MergeOptions:
                                      "Dirichlet(36) (default: narrow for lm, uniform for dual)", group=LEARNED,
                                      choices=LAMBDA_DISTRIBUTIONS)
     train_data: str | None = option(None, "training data for lm/dual, same forms as --data, or a token file FILE.npy "
-                                    "(`hf-rebasin tokenize`, read memory-mapped) (default: --match-data, else --data "
-                                    "split in halves)", group=LEARNED)
+                                    "(`hf-rebasin tokenize`, read memory-mapped), or "
+                                    f"{SELF_DATA}: sequences sampled from the models (language models; by default "
+                                    "--steps x --learn-batch-size windows plus the --holdout ones, capped by "
+                                    "--max-train-tokens) (default: --match-data, else --data split in halves)",
+                                    group=LEARNED)
     allow_train_on_eval: bool = option(False, "accept training data that shares examples with the evaluation data "
                                        "(refused otherwise: the barrier would be in-sample)", group=LEARNED)
     max_train_tokens: int | None = option(None, "cap on training tokens (LMs; default all)", group=LEARNED, low=1)
@@ -125,7 +143,8 @@ class MergeOptions:
     checkpoint_every: int = option(0, "save a checkpoint every K steps (0: only on Ctrl-C)", group=LEARNED, low=0)
     checkpoint_dir: str = option("runs/learned", "checkpoint folder", group=LEARNED)
     resume: str | None = option(None, "resume from a checkpoint file (or the newest one in a folder)", group=LEARNED)
-    learn_seed: int = option(0, "seed of the data order and λ draws", group=LEARNED, low=0)
+    learn_seed: int = option(0, f"seed of the data order and λ draws, and of the {SELF_DATA} samples", group=LEARNED,
+                             low=0)
     learn_precision: str = option("auto", "bf16: endpoints held in bf16, their transforms and the forward under "
                                   "bf16 autocast, symmetry parameters and optimiser state in fp32; auto = bf16 on "
                                   "CUDA, fp32 on CPU",
@@ -167,6 +186,16 @@ class MergeOptions:
         return parse_size(self.max_shard_size)
 
     # --- checks --------------------------------------------------------------------------------------
+    def self_sampled(self) -> bool:
+        """Whether the method's matching data (learned methods: their training data) is sampled from the models."""
+        from .match import METHODS
+        method = METHODS.get(self.method)
+        if method is None or not method.needs_data:
+            return False
+        if method.learned:
+            return (self.train_data or self.match_data or DEFAULT_LEARNED_DATA) == SELF_DATA
+        return self.match_data == SELF_DATA
+
     def uses_rounds(self) -> bool:
         """Whether the method runs weight matching (wm, wm-perm, and lm/dual from its solution)."""
         return self.method not in ("raw", "am")
@@ -187,6 +216,14 @@ class MergeOptions:
             why["match_data"] = f"is for the methods that match on data (am, lm, dual), not --method {self.method}"
         if self.method != "am":
             why["am_batches"] = f"is for --method am, not --method {self.method}"
+        if self.self_sampled():
+            why.pop("learn_seed", None)  # it seeds the samples
+        else:
+            why.update({name: f"sets the sampling of --train-data / --match-data {SELF_DATA}, which this run does "
+                              "not sample" for name in ("self_temperature", "self_top_p", "self_samples_dir")})
+        if method.learned and self.train_data is not None:
+            why["match_data"] = (f"is the training data of --method {self.method} only when --train-data is not given "
+                                 "(it is)")
         if not self.uses_rounds():
             why["rounds"] = f"caps the rounds of weight matching, which --method {self.method} does not run"
         if not export:

@@ -35,6 +35,7 @@ from .evaluation.report import Report, report_text
 from .export.checkpoint import save
 from .export.io import ShardWriter, atomic_output_dir, atomic_write
 from .match import METHODS, Alignment, MatchContext
+from .match.alignment import DEFAULT_HOLDOUT
 from .options import DEFAULT_LM_DATA, MergeOptions
 from .requirements import installed_versions
 from .sources.eval_data import EvalData, load_eval_data
@@ -87,12 +88,15 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     data = eval_data(data_spec, template, options)
     context = MatchContext(options, template=template, eval_data=data, progress=progress)
     method = METHODS[options.method]
-    if method.needs_data:
+    samples = self_samples(loaded, template, options, progress, timings) if options.self_sampled() else None
+    if samples is not None:
+        context.match_data = samples
+    elif method.needs_data:
         context.match_data = data if (options.match_data or data_spec) == data_spec else eval_data(
             options.match_data, template, options, flag="--match-data")
     data_notes = []
     if method.learned:
-        context.train_data, data, data_notes = training_data(options, template, context.match_data, data)
+        context.train_data, data, data_notes = training_data(options, template, context.match_data, data, samples)
         context.eval_data = data
     start = time.perf_counter()
     alignment = method.run(graphs, context)
@@ -104,6 +108,10 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
         alignment.settings["train_data"] = {**alignment.settings.get("train_data", {}),
                                             "digest": data_digest(context.train_data)}
         alignment.settings.setdefault("notes", []).extend(data_notes)
+    if samples is not None:
+        alignment.settings["self_samples"] = {key: samples.info[key] for key in ("digest", "tokens", "windows",
+                                                                                 "sampling", "per_model", "file",
+                                                                                 "reused")}
 
     alignment.notes += embedding_notes
     export_bytes = sum(p.stat().st_size for p in template.files.files) if out is not None else 0
@@ -177,12 +185,15 @@ def eval_data(spec: str | None, template: Loaded, options: MergeOptions, flag: s
 
 
 def training_data(options: MergeOptions, template: Loaded, match_data: EvalData | None,
-                  data: EvalData) -> tuple[EvalData, EvalData, list[str]]:
+                  data: EvalData, samples: EvalData | None = None) -> tuple[EvalData, EvalData, list[str]]:
     """(training data, evaluation data, notes) of a learned method.  --train-data, else --match-data, else --data
-    split into disjoint halves (every other window / image trains, the rest is evaluated).  Training data that
+    split into disjoint halves (every other window / image trains, the rest is evaluated); `samples`: the
+    sequences sampled from the models when those are the training data (`self`).  Training data that
     shares examples with the evaluation data (compared by content) is refused unless --allow-train-on-eval."""
     notes = []
-    if options.train_data:
+    if samples is not None:
+        train = samples
+    elif options.train_data:
         train = load_eval_data(options.train_data, template, seq_len=options.seq_len,
                                max_tokens=options.max_train_tokens, max_examples=options.max_train_examples,
                                text_field=options.text_field, flag="--train-data")
@@ -205,6 +216,45 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
         notes.append(f"learned matching trained on {shared} examples that are also evaluated (--allow-train-on-eval): "
                      "the reported barrier is partly in-sample")
     return train, data, notes
+
+
+def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, progress: bool,
+                 timings: dict) -> EvalData:
+    """`self` data: sequences sampled from every model (an equal share each), cached as a token file in
+    --self-samples-dir; timings["sample_s"] is the time it took (about nothing when the file is reused)."""
+    import torch
+
+    from .sources.eval_data import check_seq_len, default_seq_len
+    from .sources.self_samples import Sampling, sampled_data, start_token, weights_digest
+    from .sources.token_files import vocabulary_digest
+    start = time.perf_counter()
+    seq_len = options.seq_len or default_seq_len(template)
+    check_seq_len(seq_len, template)
+    learned = METHODS[options.method].learned
+    if learned:  # one pass over the samples: every step's batch is new, plus the held-out windows
+        windows = options.steps * options.learn_batch_size + (DEFAULT_HOLDOUT if options.holdout is None
+                                                              else options.holdout)
+        if options.max_train_tokens is not None:
+            windows = min(windows, options.max_train_tokens // seq_len)
+    else:  # activation matching reads --am-batches batches of --batch-size windows
+        windows = options.am_batches * options.batch_size
+    if windows < len(loaded):
+        raise OptionError(f"{windows} sampled windows cannot give each of the {len(loaded)} models a share: raise "
+                          "--max-train-tokens")
+    tokenizer = template.backend.tokenizer(template.folder)
+    sampling = Sampling(models=tuple(weights_digest(m.files.files) for m in loaded),
+                        vocabulary_digest=vocabulary_digest(tokenizer), windows=windows, seq_len=seq_len,
+                        temperature=options.self_temperature, top_p=options.self_top_p, seed=options.learn_seed,
+                        start_token=start_token(tokenizer), vocab_size=len(tokenizer))
+    device = options.resolved_device()
+    flag = "--train-data" if learned and options.train_data else "--match-data"
+    data = sampled_data(lambda: [m.backend.load_model(m).to(device) for m in loaded], sampling, tokenizer,
+                        options.self_samples_dir, device=device, progress=progress, flag=flag,
+                        names=[m.source for m in loaded], memory_mapped=learned)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the models sampled from are gone
+    timings["sample_s"] = time.perf_counter() - start
+    return data
 
 
 def example_digests(data: EvalData) -> list[str]:
