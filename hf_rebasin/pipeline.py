@@ -88,7 +88,9 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     data = eval_data(data_spec, template, options)
     context = MatchContext(options, template=template, eval_data=data, progress=progress)
     method = METHODS[options.method]
-    samples = self_samples(loaded, template, options, progress, timings) if options.self_sampled() else None
+    # `self` data, sampled from the models: language models only (`self` asked for image models is refused by name)
+    sampled = options.self_sampled() and template.task == "causal-lm"
+    samples = self_samples(loaded, template, options, progress, timings) if sampled else None
     if samples is not None:
         context.match_data = samples
     elif method.needs_data:
