@@ -111,9 +111,8 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
                                             "digest": data_digest(context.train_data)}
         alignment.settings.setdefault("notes", []).extend(data_notes)
     if samples is not None:
-        alignment.settings["self_samples"] = {key: samples.info[key] for key in ("digest", "tokens", "windows",
-                                                                                 "sampling", "per_model", "file",
-                                                                                 "reused")}
+        recorded = ("tokens", "windows", "sampling", "per_model", "file", "reused")  # digest: as --data's is computed
+        alignment.settings["self_samples"] = {"digest": data_digest(samples), **{k: samples.info[k] for k in recorded}}
 
     alignment.notes += embedding_notes
     export_bytes = sum(p.stat().st_size for p in template.files.files) if out is not None else 0

@@ -70,8 +70,8 @@ def test_same_seed_same_tokens_other_seed_other_tokens(loaded, tokenizer, tmp_pa
     again, _ = sample(loaded, tokenizer, tmp_path / "two")
     other, _ = sample(loaded, tokenizer, tmp_path / "three", seed=1)
     assert first.inputs.path.name == again.inputs.path.name  # named by the settings, not by the folder
-    assert file_bytes(first) == file_bytes(again) and first.info["digest"] == again.info["digest"]
-    assert file_bytes(first) != file_bytes(other) and first.info["digest"] != other.info["digest"]
+    assert file_bytes(first) == file_bytes(again) and first.inputs.digest() == again.inputs.digest()
+    assert file_bytes(first) != file_bytes(other) and first.inputs.digest() != other.inputs.digest()
     assert first.inputs.path.name != other.inputs.path.name
     windows = first.inputs[:]
     assert windows.shape == (11, SEQ_LEN) and first.info["tokens"] == 11 * SEQ_LEN
@@ -156,7 +156,7 @@ def test_learned_matching_on_self_samples_reports_them_and_never_evaluates_on_th
     samples = report["settings"]["self_samples"]
     assert samples["windows"] == 1024 // 32 and samples["sampling"]["temperature"] == 0.8
     assert report["settings"]["train_data"]["spec"] == "self"
-    assert report["settings"]["train_data"]["digest"] != report["data"]["digest"]
+    assert report["settings"]["train_data"]["digest"] == samples["digest"] != report["data"]["digest"]
     card = (tmp_path / "out" / "README.md").read_text()
     assert "sampled from the models" in card and samples["digest"] in card and "temperature 0.8" in card
     assert re.search(r"\*\*Time\*\*: load [\d.]+ s, sample [\d.]+ s, match [\d.]+ s", card)

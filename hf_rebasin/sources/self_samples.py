@@ -150,7 +150,7 @@ def sampled_data(load_models, sampling: Sampling, tokenizer, folder: str | Path,
     if len(windows) != sampling.windows:
         raise OptionError(f"{path} holds {len(windows)} windows, not the {sampling.windows} its name stands for: "
                           "delete it (it is sampled again)")
-    info.update(spec="self", file=str(path), digest=windows.digest(), reused=reused,
+    info.update(spec="self", file=str(path), reused=reused,
                 sampling={key: value for key, value in expected.items() if key not in ("models", "format")},
                 per_model=sampling.shares())
     for key in ("memory_mapped", "tokenized_from"):
