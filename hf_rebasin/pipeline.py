@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,9 +250,14 @@ def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, 
                         start_token=start_token(tokenizer), vocab_size=len(tokenizer))
     device = options.resolved_device()
     flag = "--train-data" if learned and options.train_data else "--match-data"
-    data = sampled_data(lambda: [m.backend.load_model(m).to(device) for m in loaded], sampling, tokenizer,
-                        options.self_samples_dir, device=device, progress=progress, flag=flag,
-                        names=[m.source for m in loaded], memory_mapped=learned)
+    first = nullcontext()
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # accelerate launch: the main process samples, the others
+        from accelerate import PartialState  # read its file after it
+        first = PartialState(cpu=options.device == "cpu").main_process_first()  # as make_accelerator sets it
+    with first:
+        data = sampled_data(lambda: [m.backend.load_model(m).to(device) for m in loaded], sampling, tokenizer,
+                            options.self_samples_dir, device=device, progress=progress, flag=flag,
+                            names=[m.source for m in loaded], memory_mapped=learned)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the models sampled from are gone
     timings["sample_s"] = time.perf_counter() - start
