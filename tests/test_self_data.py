@@ -98,6 +98,11 @@ def test_the_file_is_reused_and_sampled_again_when_its_record_differs(loaded, to
     assert calls == 1 and resampled.info["reused"] is False and file_bytes(resampled) == content
     assert json.loads(metadata_path(path).read_text())["sampling"]["temperature"] == 1.0
 
+    import numpy as np  # a file cut short (its record intact) is sampled again too
+    np.save(path, np.load(path)[:-SEQ_LEN])
+    restored, calls = sample(loaded, tokenizer, tmp_path)
+    assert calls == 1 and file_bytes(restored) == content
+
 
 def test_each_model_writes_its_share_interleaved(loaded, tokenizer, tmp_path):
     """Window i comes from model i mod 2 (model A one more of the 11): sampled alone, each model gives exactly

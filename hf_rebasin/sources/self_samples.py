@@ -22,6 +22,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..errors import OptionError
@@ -129,6 +130,14 @@ def interleaved(models: list, sampling: Sampling, device, progress: bool):
             yield block.reshape(-1).numpy()
 
 
+def stored_tokens(path: Path) -> int | None:
+    """The number of ids a token file holds (None when it is not a readable .npy)."""
+    try:
+        return len(np.load(path, mmap_mode="r", allow_pickle=False))
+    except (ValueError, OSError):
+        return None
+
+
 def sampled_data(load_models, sampling: Sampling, tokenizer, folder: str | Path, *, device="cpu",
                  progress: bool = True, flag: str = "--train-data", names: list[str] | None = None,
                  memory_mapped: bool = True) -> EvalData:
@@ -139,7 +148,7 @@ def sampled_data(load_models, sampling: Sampling, tokenizer, folder: str | Path,
     expected = json.loads(json.dumps(asdict(sampling)))  # as the record reads back (tuples as lists)
     meta = metadata_path(path)
     recorded = json.loads(meta.read_text()).get("sampling") if path.is_file() and meta.is_file() else None
-    reused = recorded == expected
+    reused = recorded == expected and stored_tokens(path) == sampling.windows * sampling.seq_len
     if not reused:
         record = {"source": "self", "sampling": expected, "models": list(names or [])}
         written = write_ids(interleaved(load_models(), sampling, device, progress), tokenizer, path, record,
