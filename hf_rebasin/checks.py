@@ -41,9 +41,18 @@ def preflight(models: list[str], options) -> None:
                           "one architecture can be merged")
     if backends == {"timm"} and not options.data:
         raise OptionError("--data is required for image models (an ImageFolder, an .npz or a Hub dataset)")
+    from .options import SELF_DATA
+    if options.data == SELF_DATA:
+        raise OptionError(f"--data {SELF_DATA}: the barrier is measured on held-out data, never on samples of the "
+                          f"models; give real data (a folder named {SELF_DATA} is ./{SELF_DATA})")
+    for flag, spec in (("--match-data", options.match_data), ("--train-data", options.train_data)):
+        if spec == SELF_DATA and backends == {"timm"}:
+            raise OptionError(f"{flag} {SELF_DATA} samples text from the models, and these are image classifiers "
+                              "(timm): a classifier maps images to labels and cannot generate images to match on. "
+                              f"Give {flag} images (an ImageFolder, an .npz or a datasets spec)")
     for flag, spec in (("--data", options.data), ("--match-data", options.match_data),
                        ("--train-data", options.train_data)):
-        if spec:
+        if spec and (spec != SELF_DATA or flag == "--data"):
             check_spec_exists(spec, flag)
     if backends == {"transformers"} and options.seq_len is not None:
         from transformers import AutoConfig

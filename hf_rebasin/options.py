@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from math import comb
 from typing import Any
 
-from .devices import resolve_device
+from .devices import device_problems, resolve_device
 from .errors import OptionError, UserError
 from .match.alignment import DEFAULT_HOLDOUT
 
@@ -26,7 +26,10 @@ DEFAULT_ALPHA = 0.5
 MAX_LATTICE_POINTS = 500  # evaluations of an N-way merge's simplex lattice
 LAMBDA_DISTRIBUTIONS = ("uniform", "narrow")
 DEFAULT_LAMBDA_DIST = {"lm": "narrow", "dual": "uniform"}  # Theus et al. / Li & Shen
-HARMLESS_WHEN_IGNORED = ("checkpoint_dir",)  # a place that is not used: warned about, not refused
+SELF_DATA = "self"  # --train-data / --match-data: sequences sampled from the models (sources/self_samples.py)
+# lm/dual without --train-data and --match-data: None = --data split in halves; SELF_DATA would make `self` the default
+DEFAULT_LEARNED_DATA: str | None = None
+HARMLESS_WHEN_IGNORED = ("checkpoint_dir", "self_samples_dir")  # a place that is not used: warned about, not refused
 
 
 def option(default: Any = None, help: str = "", *, group: str = "", choices: tuple | None = None,
@@ -87,8 +90,14 @@ class MergeOptions:
     max_shard_size: str = option("5GB", "largest safetensors shard of the merged checkpoint (e.g. 5GB, 500MB)",
                                  group=OUTPUT)
     rounds: int = option(10, "cap on weight-matching rounds", group=MATCHING, low=1, high=1000)
-    match_data: str | None = option(None, "data for activation matching (default: --data)", group=MATCHING)
+    match_data: str | None = option(None, f"data for activation matching (default: --data), or {SELF_DATA}: sampled "
+                                    f"from the models (a folder named {SELF_DATA}: ./{SELF_DATA})", group=MATCHING)
     am_batches: int = option(4, "batches for activation matching", group=MATCHING, low=1)
+    # the self samples' settings (chosen from measurements: BENCHMARKS.md, "Self-sampled training data")
+    self_temperature: float = option(1.0, f"temperature of the {SELF_DATA} samples", group=MATCHING, above=0, high=10)
+    self_top_p: float = option(1.0, f"nucleus mass (top-p) of the {SELF_DATA} samples", group=MATCHING, above=0, high=1)
+    self_samples_dir: str = option("runs/self-samples", f"cache folder of the {SELF_DATA} samples (token files, reused "
+                                   "by a rerun with the same models and settings)", group=MATCHING)
     # learned matching
     steps: int = option(300, "optimiser steps", group=LEARNED, low=1, high=10_000_000)
     lr: float = option(3e-3, "AdamW learning rate (symmetry parameters are angles and log-scales; 1e-3 .. 1e-2 is "
@@ -108,8 +117,9 @@ class MergeOptions:
                                      "Dirichlet(36) (default: narrow for lm, uniform for dual)", group=LEARNED,
                                      choices=LAMBDA_DISTRIBUTIONS)
     train_data: str | None = option(None, "training data for lm/dual, same forms as --data, or a token file FILE.npy "
-                                    "(`hf-rebasin tokenize`, read memory-mapped) (default: --match-data, else --data "
-                                    "split in halves by document)", group=LEARNED)
+                                    f"(`hf-rebasin tokenize`, read memory-mapped), or {SELF_DATA}: sampled from the "
+                                    "models, --steps x --learn-batch-size windows + the --holdout ones (default: "
+                                    "--match-data, else --data split in halves by document)", group=LEARNED)
     allow_train_on_eval: bool = option(False, "accept training data that shares examples with the evaluation data "
                                        "(refused otherwise: the barrier would be in-sample)", group=LEARNED)
     max_train_tokens: int | None = option(None, "cap on training tokens (LMs; default all)", group=LEARNED, low=1)
@@ -125,7 +135,7 @@ class MergeOptions:
     checkpoint_every: int = option(0, "save a checkpoint every K steps (0: only on Ctrl-C)", group=LEARNED, low=0)
     checkpoint_dir: str = option("runs/learned", "checkpoint folder", group=LEARNED)
     resume: str | None = option(None, "resume from a checkpoint file (or the newest one in a folder)", group=LEARNED)
-    learn_seed: int = option(0, "seed of the data order and λ draws", group=LEARNED, low=0)
+    learn_seed: int = option(0, f"seed of the data order, λ draws and {SELF_DATA} samples", group=LEARNED, low=0)
     learn_precision: str = option("auto", "bf16: endpoints held in bf16, their transforms and the forward under "
                                   "bf16 autocast, symmetry parameters and optimiser state in fp32; auto = bf16 on "
                                   "CUDA, fp32 on CPU",
@@ -167,6 +177,14 @@ class MergeOptions:
         return parse_size(self.max_shard_size)
 
     # --- checks --------------------------------------------------------------------------------------
+    def self_sampled(self) -> bool:
+        """Whether the method's matching data (learned methods: their training data) is sampled from the models."""
+        from .match import METHODS
+        method = METHODS.get(self.method)
+        learned = method is not None and method.learned
+        spec = (self.train_data or self.match_data or DEFAULT_LEARNED_DATA) if learned else self.match_data
+        return method is not None and method.needs_data and spec == SELF_DATA
+
     def uses_rounds(self) -> bool:
         """Whether the method runs weight matching (wm, wm-perm, and lm/dual from its solution)."""
         return self.method not in ("raw", "am")
@@ -187,6 +205,13 @@ class MergeOptions:
             why["match_data"] = f"is for the methods that match on data (am, lm, dual), not --method {self.method}"
         if self.method != "am":
             why["am_batches"] = f"is for --method am, not --method {self.method}"
+        if self.self_sampled():
+            why.pop("learn_seed", None)  # it seeds the samples
+        else:
+            why.update(dict.fromkeys(("self_temperature", "self_top_p", "self_samples_dir"),
+                                     f"is for --train-data / --match-data {SELF_DATA}, and this run samples nothing"))
+        if method.learned and self.train_data is not None:
+            why["match_data"] = f"is what --method {self.method} trains on without --train-data, and it is given"
         if not self.uses_rounds():
             why["rounds"] = f"caps the rounds of weight matching, which --method {self.method} does not run"
         if not export:
@@ -275,22 +300,6 @@ def default_resolution(n_models: int) -> int:
 def lattice_size(n_models: int, resolution: int) -> int:
     """Points of the simplex lattice with step 1/resolution: C(r + N - 1, N - 1)."""
     return comb(resolution + n_models - 1, n_models - 1)
-
-
-def device_problems(device: str | None, flag: str) -> list[str]:
-    if device in (None, "auto", "cpu"):
-        return []
-    if device == "cuda" or device.startswith("cuda:"):
-        import torch
-        index = device.partition(":")[2]
-        if index and not index.isdigit():
-            return [f"{flag} {device!r} is not a device: use cpu, cuda or cuda:N"]
-        if not torch.cuda.is_available():
-            return [f"{flag} {device} was asked for, but torch sees no CUDA GPU: use {flag} cpu (or auto)"]
-        if index and int(index) >= torch.cuda.device_count():
-            return [f"{flag} {device}: only {torch.cuda.device_count()} CUDA GPU(s) are present"]
-        return []
-    return [f"{flag} {device!r} is not a device hf-rebasin runs on: use auto, cpu, cuda or cuda:N"]
 
 
 # --- eval and push ------------------------------------------------------------------------------------

@@ -8,16 +8,14 @@ Every check that needs no weights runs before the first expensive step.  The Pyt
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
+import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from .checks import check_request
 from .core.canonical import interpolate
@@ -37,6 +35,7 @@ from .evaluation.report import Report, report_text
 from .export.checkpoint import save
 from .export.io import ShardWriter, atomic_output_dir, atomic_write
 from .match import METHODS, Alignment, MatchContext
+from .match.alignment import DEFAULT_HOLDOUT
 from .options import DEFAULT_LM_DATA, MergeOptions
 from .requirements import installed_versions
 from .sources.eval_data import EvalData, load_eval_data
@@ -49,6 +48,7 @@ from .sources.models import (
     instantiate,
     load,
 )
+from .sources.splits import data_digest, shared_examples, split_in_halves
 from .version import __version__
 
 
@@ -102,12 +102,17 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     data = eval_data(data_spec, template, options)
     context = MatchContext(options, template=template, eval_data=data, progress=progress)
     method = METHODS[options.method]
-    if method.needs_data:
+    # `self` data, sampled from the models: language models only (`self` asked for image models is refused by name)
+    sampled = options.self_sampled() and template.task == "causal-lm"
+    samples = self_samples(loaded, template, options, progress, timings) if sampled else None
+    if samples is not None:
+        context.match_data = samples
+    elif method.needs_data:
         context.match_data = data if (options.match_data or data_spec) == data_spec else eval_data(
             options.match_data, template, options, flag="--match-data")
     data_notes = []
     if method.learned:
-        context.train_data, data, data_notes = training_data(options, template, context.match_data, data)
+        context.train_data, data, data_notes = training_data(options, template, context.match_data, data, samples)
         context.eval_data = data
     start = time.perf_counter()
     alignment = method.run(graphs, context)
@@ -119,6 +124,9 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
         alignment.settings["train_data"] = {**alignment.settings.get("train_data", {}),
                                             "digest": data_digest(context.train_data)}
         alignment.settings.setdefault("notes", []).extend(data_notes)
+    if samples is not None:
+        recorded = ("tokens", "windows", "sampling", "per_model", "file", "reused")  # digest: as --data's is computed
+        alignment.settings["self_samples"] = {"digest": data_digest(samples), **{k: samples.info[k] for k in recorded}}
 
     alignment.notes += embedding_notes
     export_bytes = sum(p.stat().st_size for p in template.files.files) if out is not None else 0
@@ -192,12 +200,15 @@ def eval_data(spec: str | None, template: Loaded, options: MergeOptions, flag: s
 
 
 def training_data(options: MergeOptions, template: Loaded, match_data: EvalData | None,
-                  data: EvalData) -> tuple[EvalData, EvalData, list[str]]:
+                  data: EvalData, samples: EvalData | None = None) -> tuple[EvalData, EvalData, list[str]]:
     """(training data, evaluation data, notes) of a learned method.  --train-data, else --match-data, else --data
-    split into disjoint halves (split_in_halves: text by document, never window by window).  Training data that
+    split into disjoint halves (split_in_halves: text by document, never window by window); `samples`: the
+    sequences sampled from the models when those are the training data (`self`).  Training data that
     shares examples with the evaluation data (compared by content) is refused unless --allow-train-on-eval."""
     notes = []
-    if options.train_data:
+    if samples is not None:
+        train = samples
+    elif options.train_data:
         train = load_eval_data(options.train_data, template, seq_len=options.seq_len,
                                max_tokens=options.max_train_tokens, max_examples=options.max_train_examples,
                                text_field=options.text_field, flag="--train-data")
@@ -222,66 +233,48 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
     return train, data, notes
 
 
-def split_in_halves(data: EvalData, template: Loaded, seed: int) -> tuple[EvalData, EvalData, str]:
-    """(training half, evaluation half, how) of --data for a learned method given no --train-data.
-    Text: the first half of the documents trains and the second half is evaluated.  Neighbouring windows of one
-    document are nearly the same text, so splitting window by window would measure an in-sample barrier in
-    disguise; the cut is the document boundary (an EOS token) nearest the middle of the windows, and the window
-    holding it is dropped, so no document has text on both sides (one long document: cut at the middle).
-    Images are independent examples: a random split, seeded by --learn-seed (a folder is sorted by class, so
-    contiguous halves would train and evaluate on different classes)."""
-    n = len(data.inputs)
-    if data.task == "image-classification":
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-        first, second = order[: n // 2].sort().values, order[n // 2:].sort().values
-        return (subset(data, first, "train half"), subset(data, second, "eval half"),
-                f"images at random, seed {seed}")
-    eos = eos_token_id(template)
-    holds_eos = [] if eos is None else (data.inputs == eos).any(dim=1).nonzero().flatten().tolist()
-    near_middle = [k for k in holds_eos if n // 4 <= k < n - n // 4 and 0 < k < n - 1]
-    if near_middle:
-        cut = min(near_middle, key=lambda k: abs(k - n / 2))
-        return (subset(data, slice(0, cut), "train half"), subset(data, slice(cut + 1, n), "eval half"),
-                f"by document: windows 0-{cut - 1} train, {cut + 1}-{n - 1} are evaluated, window {cut} (a "
-                "document boundary) is dropped")
-    cut = n // 2
-    return (subset(data, slice(0, cut), "train half"), subset(data, slice(cut, n), "eval half"),
-            f"one document: its first {cut} windows train, the last {n - cut} are evaluated")
+def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, progress: bool,
+                 timings: dict) -> EvalData:
+    """`self` data: sequences sampled from every model (an equal share each), cached as a token file in
+    --self-samples-dir; timings["sample_s"] is the time it took (about nothing when the file is reused)."""
+    import torch
 
-
-def eos_token_id(template: Loaded) -> int | None:
-    from .errors import UserError
-    try:
-        return getattr(template.backend.tokenizer(template.folder), "eos_token_id", None)
-    except UserError:  # a model without a tokenizer (token files only): no document boundaries known
-        return None
-
-
-def example_digests(data: EvalData) -> list[str]:
-    """One content digest per example (token window, or image with its label)."""
-    labels = data.labels if data.labels is not None else [None] * len(data.inputs)
-    return [hashlib.sha256(x.contiguous().numpy().tobytes() + (b"" if y is None else str(int(y)).encode())).hexdigest()
-            for x, y in zip(data.inputs, labels)]
-
-
-def shared_examples(train: EvalData, data: EvalData) -> int:
-    held_out = set(example_digests(data))
-    return sum(digest in held_out for digest in example_digests(train))
-
-
-def data_digest(data: EvalData) -> str:
-    return hashlib.sha256("".join(example_digests(data)).encode()).hexdigest()[:16]
-
-
-def subset(data: EvalData, part, name: str) -> EvalData:
-    labels = None if data.labels is None else data.labels[part]
-    inputs = data.inputs[part]
-    info = {**(data.info or {}), "part": name}
-    if "tokens" in info:
-        info.update(tokens=int(inputs.numel()), windows=len(inputs))
-    if "examples" in info:
-        info["examples"] = len(inputs)
-    return EvalData(data.task, inputs, labels, info)
+    from .sources.eval_data import check_seq_len, default_seq_len
+    from .sources.self_samples import Sampling, sampled_data, start_token, weights_digest
+    from .sources.token_files import vocabulary_digest
+    start = time.perf_counter()
+    seq_len = options.seq_len or default_seq_len(template)
+    check_seq_len(seq_len, template)
+    learned = METHODS[options.method].learned
+    if learned:  # one pass over the samples: every step's batch is new, plus the held-out windows
+        windows = options.steps * options.learn_batch_size + (DEFAULT_HOLDOUT if options.holdout is None
+                                                              else options.holdout)
+        if options.max_train_tokens is not None:
+            windows = min(windows, options.max_train_tokens // seq_len)
+    else:  # activation matching reads --am-batches batches of --batch-size windows
+        windows = options.am_batches * options.batch_size
+    if windows < len(loaded):
+        raise OptionError(f"{windows} sampled windows cannot give each of the {len(loaded)} models a share: raise "
+                          "--max-train-tokens")
+    tokenizer = template.backend.tokenizer(template.folder)
+    sampling = Sampling(models=tuple(weights_digest(m.files.files) for m in loaded),
+                        vocabulary_digest=vocabulary_digest(tokenizer), windows=windows, seq_len=seq_len,
+                        temperature=options.self_temperature, top_p=options.self_top_p, seed=options.learn_seed,
+                        start_token=start_token(tokenizer), vocab_size=len(tokenizer))
+    device = options.resolved_device()
+    flag = "--train-data" if learned and options.train_data else "--match-data"
+    first = nullcontext()
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # accelerate launch: the main process samples, the others
+        from accelerate import PartialState  # read its file after it
+        first = PartialState(cpu=options.device == "cpu").main_process_first()  # as make_accelerator sets it
+    with first:
+        data = sampled_data(lambda: [m.backend.load_model(m).to(device) for m in loaded], sampling, tokenizer,
+                            options.self_samples_dir, device=device, progress=progress, flag=flag,
+                            names=[m.source for m in loaded], memory_mapped=learned)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the models sampled from are gone
+    timings["sample_s"] = time.perf_counter() - start
+    return data
 
 
 # --- the lattice and the report -------------------------------------------------------------------

@@ -67,8 +67,8 @@ class _Template:
 def test_text_is_split_by_document_never_window_by_window():
     """The split the issue asked for: no document has text on both sides (neighbouring windows of one document
     are nearly the same text), the training half comes first, and one long document is cut in the middle."""
-    from hf_rebasin.pipeline import split_in_halves
     from hf_rebasin.sources.eval_data import EvalData
+    from hf_rebasin.sources.splits import split_in_halves
     windows = _windows_of_documents([10, 14, 9, 12, 11, 15])
     train, held_out, how = split_in_halves(EvalData("causal-lm", windows, None, {"tokens": windows.numel()}),
                                            _Template, seed=0)
@@ -85,8 +85,8 @@ def test_text_is_split_by_document_never_window_by_window():
 def test_images_are_split_at_random_under_the_seed():
     import torch
 
-    from hf_rebasin.pipeline import split_in_halves
     from hf_rebasin.sources.eval_data import EvalData
+    from hf_rebasin.sources.splits import split_in_halves
     images, labels = torch.arange(20.0).view(20, 1, 1, 1), torch.arange(20) // 10  # sorted by class, as a folder is
     data = EvalData("image-classification", images, labels, {"examples": 20})
     train, held_out, _ = split_in_halves(data, _Template, seed=0)

@@ -181,6 +181,20 @@ def data_detail(data: dict) -> str:
     return ""
 
 
+def self_samples_line(report: Report) -> str | None:
+    """What `--train-data self` / `--match-data self` sampled, or None."""
+    samples = report.settings.get("self_samples")
+    if not samples:
+        return None
+    sampling = samples.get("sampling", {})
+    use = "trained on" if report.method in ("lm", "dual") else "matched on"
+    return (f"{use} {samples['tokens']:,} tokens sampled from the models themselves ({samples['windows']:,} "
+            f"sequences of {sampling.get('seq_len')} tokens, {' / '.join(map(str, samples.get('per_model', [])))} "
+            f"per model, each starting with token {sampling.get('start_token')}; temperature "
+            f"{sampling.get('temperature')}, top-p {sampling.get('top_p')}, seed {sampling.get('seed')}; token file "
+            f"digest {samples.get('digest')})")
+
+
 def merged_point(report: Report) -> str:
     if report.n_models == 2 and isinstance(report.alpha, (int, float)):
         return f"λ = {report.alpha} on the path from A (λ = 0) to B (λ = 1)"
@@ -220,6 +234,7 @@ def render_card(out_dir: str | Path, *, model_name: str | None = None) -> ModelC
         method_description=CARD_DESCRIPTIONS.get(report.method, report.method_description or report.method),
         merged_point=merged_point(report),
         data={"spec": public_name(report.data.get("spec", "unknown")), "detail": data_detail(report.data)},
+        self_samples=self_samples_line(report),
         settings=settings_rows(report.settings),
         timings=", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in report.timings.items()
                           if isinstance(v, (int, float))),

@@ -151,6 +151,28 @@ def write_token_file(spec: str, tokenizer, out: str | Path, *, text_field: str =
     Written to temporary files renamed at the end: a failure or Ctrl-C leaves nothing behind."""
     from ..progress import tqdm
     from .data import iter_texts, token_stream
+
+    def chunks():
+        count = 0
+        with tqdm(desc="tokenising", unit="tok", unit_scale=True, disable=not progress) as bar:
+            for _, ids in token_stream(iter_texts(spec, text_field=text_field, split=split), tokenizer):
+                if max_tokens is not None:
+                    ids = ids[:max_tokens - count]
+                yield ids
+                count += len(ids)
+                bar.update(len(ids))
+                if max_tokens is not None and count >= max_tokens:
+                    break
+
+    record = {"format": "hf-rebasin-tokens/1", "source": str(spec), "text_field": text_field, "split": split,
+              "max_tokens": max_tokens}
+    return write_ids(chunks(), tokenizer, out, record, tokenizer_name=tokenizer_name)
+
+
+def write_ids(chunks, tokenizer, out: str | Path, record: dict, *, tokenizer_name: str = "") -> dict:
+    """Write the token ids of ``chunks`` (an iterable of id sequences, consumed once) as the token file ``out``
+    (.npy) and its .json: ``record`` plus what every token file records (tokenizer, vocabulary digest, dtype,
+    count); returns the .json record.  Temporary files renamed at the end: a failure leaves nothing behind."""
     out = Path(out).expanduser()
     if out.suffix != TOKEN_FILE_SUFFIX:
         raise DataError(f"--out {out}: a token file is written as .npy (e.g. {out.with_suffix('.npy').name})")
@@ -161,22 +183,16 @@ def write_token_file(spec: str, tokenizer, out: str | Path, *, text_field: str =
     meta_partial = out.with_name(f".{out.name}.json.partial")
     count = 0
     try:
-        with open(raw, "wb") as sink, tqdm(desc="tokenising", unit="tok", unit_scale=True, disable=not progress) as bar:
-            for _, ids in token_stream(iter_texts(spec, text_field=text_field, split=split), tokenizer):
-                if max_tokens is not None:
-                    ids = ids[:max_tokens - count]
+        with open(raw, "wb") as sink:
+            for ids in chunks:
                 sink.write(np.asarray(ids, dtype=dtype).tobytes())
                 count += len(ids)
-                bar.update(len(ids))
-                if max_tokens is not None and count >= max_tokens:
-                    break
         with open(partial, "wb") as target, open(raw, "rb") as source:
             np.lib.format.write_array_header_1_0(target, {"descr": np.lib.format.dtype_to_descr(dtype),
                                                           "fortran_order": False, "shape": (count,)})
             while chunk := source.read(1 << 24):
                 target.write(chunk)
-        record = {"format": "hf-rebasin-tokens/1", "source": str(spec), "text_field": text_field, "split": split,
-                  "max_tokens": max_tokens, "tokenizer": tokenizer_name, "vocab_size": vocab_size,
+        record = {"format": "hf-rebasin-tokens/1", **record, "tokenizer": tokenizer_name, "vocab_size": vocab_size,
                   "vocabulary_digest": vocabulary_digest(tokenizer), "eos_token_id": tokenizer.eos_token_id,
                   "dtype": dtype.name, "tokens": count}
         meta_partial.write_text(json.dumps(record, indent=1) + "\n")

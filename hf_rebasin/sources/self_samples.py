@@ -1,0 +1,167 @@
+"""Data sampled from the endpoint models themselves: ``--train-data self`` (learned matching) and
+``--match-data self`` (activation matching), for language models.
+
+Every model writes an equal share of the sequences (N models: all of them, the first W mod N one more), and the
+file interleaves them (window i comes from model i mod N), so that any prefix of it -- what activation matching
+reads -- holds every model's share.  A sequence starts with the tokenizer's BOS token, else its EOS token (the
+document separator of the token protocol, data.token_stream: what a document begins after), and continues for
+``seq_len - 1`` sampled tokens; an EOS drawn on the way is kept and sampling goes on into the next document, as
+the windows of real text run across documents.  The start token is part of the window: a window holds exactly
+the tokens the model was conditioned on.
+
+Sampling is batched (SAMPLE_BATCH sequences of one model at a time) with the model's KV cache, at temperature T
+and nucleus top-p, from one torch.Generator per model seeded by ``--learn-seed``: on one device the same
+settings give the same tokens.  The sequences are written once as a token file (token_files.py, the format of
+``hf-rebasin tokenize``) in a cache folder, named by a digest of the models' weight digests, the tokenizer's
+vocabulary and the sampling settings; a rerun with the same settings reuses it, and a file whose record does not
+match its name (edited, or written by another version) is sampled again."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import OptionError
+from .eval_data import EvalData
+from .token_files import metadata_path, open_token_windows, write_ids
+
+SAMPLE_BATCH = 64  # sequences of one model sampled together; fixed, so that the tokens do not depend on a flag
+FORMAT = "hf-rebasin-self-samples/1"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What determines the sampled tokens (all of it goes into the cache file's name and record)."""
+
+    models: tuple[str, ...]  # weight digests, in the order of the merge
+    vocabulary_digest: str
+    windows: int  # sequences in all
+    seq_len: int
+    temperature: float
+    top_p: float
+    seed: int
+    start_token: int
+    vocab_size: int  # ids are drawn below it: the tokenizer's vocabulary (a model's embedding may have spare rows)
+    batch: int = SAMPLE_BATCH
+    format: str = FORMAT
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+    def shares(self) -> list[int]:
+        n = len(self.models)
+        return [self.windows // n + (k < self.windows % n) for k in range(n)]
+
+
+def weights_digest(files: list[Path]) -> str:
+    """Which weights: a hash of the weight files' contents.  A file of a Hugging Face cache snapshot is a link to
+    a blob named by its sha256 (LFS files): that name is used and the file is not read."""
+    h = hashlib.sha256()
+    for file in files:
+        target = Path(file).resolve()
+        name = target.name
+        if len(name) == 64 and all(c in "0123456789abcdef" for c in name):
+            h.update(name.encode())
+            continue
+        with open(target, "rb") as stream:
+            h.update(hashlib.file_digest(stream, "sha256").digest())
+    return h.hexdigest()[:16]
+
+
+def start_token(tokenizer) -> int:
+    for token in (tokenizer.bos_token_id, tokenizer.eos_token_id):
+        if token is not None:
+            return int(token)
+    raise OptionError("`self` sampling starts every sequence with the tokenizer's BOS (else EOS) token, and this "
+                      "model's tokenizer has neither: give --train-data / --match-data real text instead")
+
+
+def draw(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> torch.Tensor:
+    """One token per row of `logits` (batch, vocab): from softmax(logits / T), restricted to the smallest set of
+    most probable tokens whose probability reaches top_p (top_p = 1: all)."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p >= 1.0:
+        return torch.multinomial(probs, 1, generator=generator)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the more probable tokens
+    sorted_probs = sorted_probs * (before < top_p)  # the most probable token always stays
+    return order.gather(-1, torch.multinomial(sorted_probs, 1, generator=generator))
+
+
+@torch.no_grad()
+def sample_sequences(model, n: int, sampling: Sampling, generator: torch.Generator, device, bar=None):
+    """`n` sequences of `model`, SAMPLE_BATCH at a time (LongTensor (batch, seq_len) on the CPU per batch)."""
+    for first in range(0, n, sampling.batch):
+        batch = min(sampling.batch, n - first)
+        token = torch.full((batch, 1), sampling.start_token, dtype=torch.long, device=device)
+        tokens, cache = [token], None
+        for _ in range(sampling.seq_len - 1):
+            out = model(input_ids=token, cache=cache, use_cache=True)
+            cache = out.cache
+            token = draw(out.logits[:, -1, :sampling.vocab_size], sampling.temperature, sampling.top_p, generator)
+            tokens.append(token)
+            if bar is not None:
+                bar.update(batch)
+        yield torch.cat(tokens, dim=1).cpu()
+
+
+def interleaved(models: list, sampling: Sampling, device, progress: bool):
+    """The windows of every model, interleaved (window i from model i mod N), as flat id arrays."""
+    from ..progress import tqdm
+    shares, n = sampling.shares(), len(models)
+    with tqdm(total=sampling.windows * (sampling.seq_len - 1), desc="sampling", unit="tok", unit_scale=True,
+              disable=not progress) as bar:
+        streams = [sample_sequences(model, share, sampling,
+                                    torch.Generator(device=device).manual_seed(sampling.seed * 1_000_003 + k),
+                                    device, bar)
+                   for k, (model, share) in enumerate(zip(models, shares))]
+        done = [0] * n
+        while any(d < s for d, s in zip(done, shares)):
+            batches = [next(stream) if d < s else None for stream, d, s in zip(streams, done, shares)]
+            block = torch.empty(sum(len(b) for b in batches if b is not None), sampling.seq_len, dtype=torch.long)
+            for k, b in enumerate(batches):
+                if b is not None:
+                    block[k::n][:len(b)] = b  # the shares differ by at most one: the rows fill the block exactly
+                    done[k] += len(b)
+            yield block.reshape(-1).numpy()
+
+
+def stored_tokens(path: Path) -> int | None:
+    """The number of ids a token file holds (None when it is not a readable .npy)."""
+    try:
+        return len(np.load(path, mmap_mode="r", allow_pickle=False))
+    except (ValueError, OSError):
+        return None
+
+
+def sampled_data(load_models, sampling: Sampling, tokenizer, folder: str | Path, *, device="cpu",
+                 progress: bool = True, flag: str = "--train-data", names: list[str] | None = None,
+                 memory_mapped: bool = True) -> EvalData:
+    """The windows sampled from the models `load_models()` returns (transformers causal LMs on `device`; called
+    only when there is something to sample), from the cache folder when a file with these settings is there,
+    else sampled and written there first."""
+    path = Path(folder).expanduser() / f"self-{sampling.key()}.npy"
+    expected = json.loads(json.dumps(asdict(sampling)))  # as the record reads back (tuples as lists)
+    meta = metadata_path(path)
+    recorded = json.loads(meta.read_text()).get("sampling") if path.is_file() and meta.is_file() else None
+    reused = recorded == expected and stored_tokens(path) == sampling.windows * sampling.seq_len
+    if not reused:
+        record = {"source": "self", "sampling": expected, "models": list(names or [])}
+        written = write_ids(interleaved(load_models(), sampling, device, progress), tokenizer, path, record,
+                            tokenizer_name=(names or [""])[0])
+        if written["tokens"] != sampling.windows * sampling.seq_len:
+            raise RuntimeError(f"sampled {written['tokens']} tokens, expected {sampling.windows * sampling.seq_len}")
+    windows, info = open_token_windows(str(path), sampling.seq_len, len(tokenizer), None, flag, tokenizer)
+    if len(windows) != sampling.windows:
+        raise OptionError(f"{path} holds {len(windows)} windows, not the {sampling.windows} its name stands for: "
+                          "delete it (it is sampled again)")
+    info.update(spec="self", file=str(path), reused=reused,
+                sampling={key: value for key, value in expected.items() if key not in ("models", "format")},
+                per_model=sampling.shares())
+    for key in ("memory_mapped", "tokenized_from"):
+        info.pop(key, None)
+    return EvalData("causal-lm", windows if memory_mapped else windows[:], None, info)

@@ -1,0 +1,219 @@
+"""`--train-data self` / `--match-data self`: sequences sampled from the endpoint models, cached as a token file.
+Determinism under a seed, the cache reused and sampled again when its record does not match, every model's
+share present (each share re-sampled alone), activation matching and learned matching end to end, the content
+check against the evaluation data, image models refused by name, and the options a run would ignore refused."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+import torch
+from conftest import HF_REBASIN, short_dual
+
+from hf_rebasin.errors import OptionError
+from hf_rebasin.options import MergeOptions
+from hf_rebasin.sources import models as sources
+from hf_rebasin.sources.self_samples import Sampling, draw, sample_sequences, sampled_data, start_token, weights_digest
+from hf_rebasin.sources.token_files import metadata_path, vocabulary_digest
+
+SEQ_LEN = 16
+
+
+@pytest.fixture(scope="module")
+def pair(learned_pair):
+    return learned_pair
+
+
+@pytest.fixture(scope="module")
+def loaded(pair):
+    return [sources.load(pair[0]), sources.load(pair[1])]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(loaded):
+    return loaded[0].backend.tokenizer(loaded[0].folder)
+
+
+def sampling(loaded, tokenizer, **changes) -> Sampling:
+    settings = dict(models=tuple(weights_digest(m.files.files) for m in loaded),
+                    vocabulary_digest=vocabulary_digest(tokenizer), windows=11, seq_len=SEQ_LEN, temperature=1.0,
+                    top_p=1.0, seed=0, start_token=start_token(tokenizer),
+                    vocab_size=len(tokenizer), batch=4)
+    return Sampling(**{**settings, **changes})
+
+
+class Loader:
+    """The models to sample from, counting how often they were asked for (a reused file asks for none)."""
+
+    def __init__(self, loaded):
+        self.loaded, self.calls = loaded, 0
+
+    def __call__(self):
+        self.calls += 1
+        return [m.backend.load_model(m) for m in self.loaded]
+
+
+def sample(loaded, tokenizer, folder, **changes):
+    loader = Loader(loaded)
+    data = sampled_data(loader, sampling(loaded, tokenizer, **changes), tokenizer, folder, progress=False)
+    return data, loader.calls
+
+
+def file_bytes(data) -> bytes:
+    return data.inputs.path.read_bytes()
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens(loaded, tokenizer, tmp_path):
+    first, _ = sample(loaded, tokenizer, tmp_path / "one")
+    again, _ = sample(loaded, tokenizer, tmp_path / "two")
+    other, _ = sample(loaded, tokenizer, tmp_path / "three", seed=1)
+    assert first.inputs.path.name == again.inputs.path.name  # named by the settings, not by the folder
+    assert file_bytes(first) == file_bytes(again) and first.inputs.digest() == again.inputs.digest()
+    assert file_bytes(first) != file_bytes(other) and first.inputs.digest() != other.inputs.digest()
+    assert first.inputs.path.name != other.inputs.path.name
+    windows = first.inputs[:]
+    assert windows.shape == (11, SEQ_LEN) and first.info["tokens"] == 11 * SEQ_LEN
+    assert (windows[:, 0] == start_token(tokenizer)).all()  # every sequence starts with the start token
+    assert len(set(map(tuple, windows.tolist()))) == 11  # and then goes its own way
+
+
+def test_the_file_is_reused_and_sampled_again_when_its_record_differs(loaded, tokenizer, tmp_path):
+    first, calls = sample(loaded, tokenizer, tmp_path)
+    assert calls == 1 and first.info["reused"] is False
+    path, stamp, content = first.inputs.path, first.inputs.path.stat().st_mtime_ns, file_bytes(first)
+    again, calls = sample(loaded, tokenizer, tmp_path)
+    assert calls == 0 and again.info["reused"] is True  # no model loaded, nothing sampled
+    assert path.stat().st_mtime_ns == stamp and file_bytes(again) == content
+
+    hotter, calls = sample(loaded, tokenizer, tmp_path, temperature=1.5)  # other settings: another file
+    assert calls == 1 and hotter.inputs.path != path and path.stat().st_mtime_ns == stamp
+    assert hotter.info["sampling"]["temperature"] == 1.5
+
+    record = json.loads(metadata_path(path).read_text())  # a record that does not match the file's name
+    record["sampling"]["temperature"] = 0.5
+    metadata_path(path).write_text(json.dumps(record))
+    resampled, calls = sample(loaded, tokenizer, tmp_path)
+    assert calls == 1 and resampled.info["reused"] is False and file_bytes(resampled) == content
+    assert json.loads(metadata_path(path).read_text())["sampling"]["temperature"] == 1.0
+
+    import numpy as np  # a file cut short (its record intact) is sampled again too
+    np.save(path, np.load(path)[:-SEQ_LEN])
+    restored, calls = sample(loaded, tokenizer, tmp_path)
+    assert calls == 1 and file_bytes(restored) == content
+
+
+def test_each_model_writes_its_share_interleaved(loaded, tokenizer, tmp_path):
+    """Window i comes from model i mod 2 (model A one more of the 11): sampled alone, each model gives exactly
+    its windows of the file."""
+    data, _ = sample(loaded, tokenizer, tmp_path)
+    settings = sampling(loaded, tokenizer)
+    assert data.info["per_model"] == [6, 5]
+    windows = data.inputs[:]
+    for k, model in enumerate(m.backend.load_model(m) for m in loaded):
+        generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + k)
+        alone = torch.cat(list(sample_sequences(model, settings.shares()[k], settings, generator, "cpu")))
+        assert torch.equal(windows[k::2], alone)
+    swapped, _ = sample(loaded[::-1], tokenizer, tmp_path / "swapped")  # the other model's share differs
+    assert not torch.equal(swapped.inputs[:][1::2][:5], windows[0::2][:5])
+
+
+def test_top_p_keeps_the_most_probable_tokens_only():
+    logits = torch.log(torch.tensor([[0.05, 0.5, 0.15, 0.3]])).repeat(2000, 1)
+    generator = torch.Generator().manual_seed(0)
+    drawn = draw(logits, 1.0, 0.7, generator).flatten()
+    assert set(drawn.tolist()) == {1, 3}  # 0.5 + 0.3 reach 0.7; the rest never drawn
+    assert 0.55 < (drawn == 1).float().mean() < 0.70  # renormalised: 0.5 / 0.8 = 0.625
+    assert set(draw(logits, 1.0, 1e-6, generator).flatten().tolist()) == {1}  # the most probable always stays
+    assert set(draw(logits, 1.0, 1.0, generator).flatten().tolist()) == {0, 1, 2, 3}
+    cold = draw(logits, 0.05, 1.0, generator).flatten()
+    assert (cold == 1).float().mean() > 0.99
+
+
+def test_activation_matching_on_self_samples_from_the_command_line(pair, tmp_path):
+    a, b, root = pair
+    argv = [*HF_REBASIN, "barrier", str(a), str(b), "--method", "am", "--match-data", "self", "--data",
+            str(root / "heldout.txt"), "--seq-len", "32", "--max-eval-tokens", "1024", "--lambdas", "3",
+            "--am-batches", "2", "--batch-size", "4", "--learn-seed", "3",
+            "--self-samples-dir", str(tmp_path / "cache")]
+    for run in ("first", "rerun"):
+        done = subprocess.run([*argv, "--json", str(tmp_path / f"{run}.json")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    first, rerun = (json.loads((tmp_path / f"{run}.json").read_text()) for run in ("first", "rerun"))
+    samples = first["settings"]["self_samples"]
+    assert samples["windows"] == 2 * 4 and samples["tokens"] == 8 * 32 and samples["per_model"] == [4, 4]
+    assert samples["sampling"]["seed"] == 3 and samples["sampling"]["temperature"] == 1.0
+    assert samples["reused"] is False and rerun["settings"]["self_samples"]["reused"] is True
+    assert rerun["settings"]["self_samples"]["digest"] == samples["digest"]
+    assert first["settings"]["batches"] == 2  # activation matching read every sampled window
+    assert "sample_s" in first["timings"] and list(first["timings"]).index("sample_s") < list(
+        first["timings"]).index("match_s")
+    assert rerun["barrier"] == first["barrier"]  # the same samples, the same matching
+    assert len(list((tmp_path / "cache").glob("self-*.npy"))) == 1
+
+
+def test_learned_matching_on_self_samples_reports_them_and_never_evaluates_on_them(pair, tmp_path, capsys):
+    cache = tmp_path / "cache"
+    assert short_dual(pair, tmp_path / "out", "--train-data", "self", "--self-samples-dir", str(cache),
+                      "--self-temperature", "0.8", "--max-train-tokens", "1024") == 0
+    report = json.loads((tmp_path / "out" / "barrier.json").read_text())
+    samples = report["settings"]["self_samples"]
+    assert samples["windows"] == 1024 // 32 and samples["sampling"]["temperature"] == 0.8
+    assert report["settings"]["train_data"]["spec"] == "self"
+    assert report["settings"]["train_data"]["digest"] == samples["digest"] != report["data"]["digest"]
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "sampled from the models" in card and samples["digest"] in card and "temperature 0.8" in card
+    assert re.search(r"\*\*Time\*\*: load [\d.]+ s, sample [\d.]+ s, match [\d.]+ s", card)
+
+    # the samples are compared with the evaluation data by content, like any training data: evaluated on the
+    # sampled file itself, every training window is found there and the run is refused
+    (sampled,) = cache.glob("self-*.npy")
+    a, b, _ = pair
+    from hf_rebasin.cli import main
+    code = main(["barrier", str(a), str(b), "--method", "dual", "--data", str(sampled), "--seq-len", "32",
+                 "--lambdas", "3", "--steps", "4", "--learn-batch-size", "8", "--eval-every", "0", "--train-data",
+                 "self", "--self-samples-dir", str(cache), "--self-temperature", "0.8", "--max-train-tokens", "1024"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "are also in the evaluation data" in err and "--train-data" in err
+
+
+def test_image_models_are_refused_by_name(tiny_dirs, tmp_path, capsys):
+    from hf_rebasin.cli import main
+    for flag, method in (("--match-data", "am"), ("--train-data", "dual")):
+        code = main(["barrier", str(tiny_dirs["vit"]), str(tiny_dirs["vit"]), "--method", method, flag, "self",
+                     "--data", str(tmp_path / "images.npz")])
+        err = capsys.readouterr().err
+        assert code == 2 and f"{flag} self" in err and "cannot generate images" in err, err
+
+
+@pytest.mark.parametrize("options, flag", [
+    (dict(method="wm", train_data="self"), "--train-data"),
+    (dict(method="wm", match_data="self"), "--match-data"),
+    (dict(method="am", train_data="self"), "--train-data"),
+    (dict(method="wm", self_temperature=0.7), "--self-temperature"),
+    (dict(method="dual", train_data="corpus.txt", self_top_p=0.9), "--self-top-p"),
+    (dict(method="am", learn_seed=3), "--learn-seed"),
+    (dict(method="dual", train_data="corpus.txt", match_data="self"), "--match-data"),
+], ids=lambda value: str(value))
+def test_options_a_run_would_ignore_are_refused(options, flag):
+    with pytest.raises(OptionError, match=flag):
+        MergeOptions(**options).check()
+
+
+def test_options_that_self_sampling_uses_are_accepted():
+    for options in (dict(method="am", match_data="self", learn_seed=3, self_temperature=0.7),
+                    dict(method="dual", train_data="self", self_top_p=0.9, learn_seed=2),
+                    dict(method="lm", match_data="self", self_temperature=1.2)):
+        MergeOptions(**options).check()
+        assert MergeOptions(**options).self_sampled()
+    assert not MergeOptions(method="dual", train_data="corpus.txt").self_sampled()
+    assert not MergeOptions(method="dual").self_sampled()  # not the default (yet): options.DEFAULT_LEARNED_DATA
+
+
+def test_data_self_is_refused(pair, capsys):
+    from hf_rebasin.cli import main
+    a, b, _ = pair
+    assert main(["barrier", str(a), str(b), "--data", "self"]) == 2
+    assert "never on samples" in capsys.readouterr().err
