@@ -45,7 +45,7 @@ def save_model(kind: str, args: dict, path, seed: int) -> models.Loaded:
     else:
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_config(type(adapter.tiny_config(kind))(**args))
-        tiny.randomise_(model, seed)
+        tiny.randomise_(model, seed, getattr(adapter, "unit_gain", 1.0))
         model.save_pretrained(path, safe_serialization=True)
         tiny.tiny_tokenizer(model.config.vocab_size).save_pretrained(path)
     return models.load(path)

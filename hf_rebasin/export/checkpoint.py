@@ -19,10 +19,11 @@ def save(graph, template: Loaded, out_dir: str | Path, *, dtype: torch.dtype | N
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = dtype or template.files.dtype
+    saved_names = template.adapter.saved_names  # the names the class's own save_pretrained writes
     with ShardWriter(out_dir, "model", max_shard_bytes) as writer:
         for part in state_dict_parts(graph, template):
             for name, value in own_tensors(part, torch.float32).items():
-                writer.add(name, value.to(dtype))
+                writer.add(saved_names.get(name, name), value.to(dtype))
     changes = template.adapter.export_config_changes(graph, template.config)
     template.backend.write_companions(template, changes, dtype, out_dir)
 

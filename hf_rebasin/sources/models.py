@@ -56,7 +56,7 @@ def load(source: str | Path) -> Loaded:
     adapter, config = backend.configure(folder, hub_config)
     loaded = Loaded(source, adapter, backend, config, hub_config, folder, None)
     expected = set(backend.build(loaded, {}).state_dict())
-    loaded.files = CheckpointFiles(folder, expected, adapter.checkpoint_aliases, backend.base_prefix(loaded))
+    loaded.files = CheckpointFiles(folder, expected, adapter.file_aliases(), backend.base_prefix(loaded))
     return loaded
 
 
