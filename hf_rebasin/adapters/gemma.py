@@ -29,6 +29,7 @@ def stored_dtype(config) -> torch.dtype:
 class Gemma(Llama):
     architecture = "GemmaForCausalLM"
     unit_gain = 0.0  # GemmaRMSNorm multiplies by 1 + w
+    norm_note = "RMSNorm gains 1 + w absorbed into the next linear layers; RMSNorms exported with w = 0 (gain 1)"
     tiny = {
         "gemma_mqa": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
                           num_hidden_layers=2, intermediate_size=48, vocab_size=97, max_position_embeddings=64,
@@ -43,8 +44,7 @@ class Gemma(Llama):
         return float(torch.tensor(config.hidden_size ** 0.5).to(stored_dtype(config)))
 
     def notes(self, config):
-        return ("RMSNorm gains 1 + w absorbed into the next linear layers; RMSNorms exported with w = 0 (gain 1)",
-                f"token embeddings times sqrt(hidden_size) = {self.embed_scale(config):g} in the canonical graph (a "
+        return (f"token embeddings times sqrt(hidden_size) = {self.embed_scale(config):g} in the canonical graph (a "
                 "scalar: it commutes with every residual map); the export stores them divided by it",
                 "GeGLU: the GLU scales act on up and down only, exact for the gelu gate")
 

@@ -33,6 +33,7 @@ class Llama(Adapter):
     }
     norm_gains = True  # RMSNorm with a gain (absorbed); False: a parameter-free LayerNorm (OLMo-1)
     unit_gain = 1.0  # the stored norm weight whose gain is 1 (Gemma stores w for a gain of 1 + w)
+    norm_note = "RMSNorm gains absorbed into the next linear layers; RMSNorms exported with weight 1"
     reads_partial_rotary = False  # LLaMA's default RoPE turns the whole head, whatever partial_rotary_factor says
 
     def spec(self, config, **overrides) -> Spec:
@@ -43,7 +44,7 @@ class Llama(Adapter):
             head_dim=head_dim(config), ffn_dim=config.intermediate_size, n_out=config.vocab_size, glu=True,
             rotary_dims=int(head_dim(config) * rope["rotary_fraction"]), rotary_layout="half", centred=False,
             embeddings=("tok",), token_embedding="tok",
-            notes=("RMSNorm gains absorbed into the next linear layers; RMSNorms exported with weight 1",)
+            notes=(self.norm_note,)
             + (("embeddings untied in the export (the final norm gain now sits in lm_head): "
                 "tie_word_embeddings=False",) if config.tie_word_embeddings else ()) + self.notes(config))
         fields.update(overrides)
