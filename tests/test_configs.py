@@ -129,3 +129,28 @@ def test_export_writes_the_names_the_class_saves(tiny_dirs, kind, tmp_path):
         assert "embed_out.weight" in written and "lm_head.weight" not in written
     reread = models.load(tmp_path / "out")  # and hf-rebasin reads its own output back
     assert set(models.canonicalise(reread).shapes) == set(graph.shapes)
+
+
+def test_rope_facts_of_config_objects_of_either_version():
+    """A config object of transformers 4 keeps RoPE as attributes; one of 5 in rope_parameters (one per layer type
+    for classes that alternate attention kinds): the facts are the same where the meaning is."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    from hf_rebasin.adapters.base import rope_facts
+    five = transformers.GPTNeoXConfig(hidden_size=32, num_attention_heads=4, rotary_pct=0.25)
+    four = SimpleNamespace(rotary_pct=0.25, rotary_emb_base=10000, rope_scaling=None)
+    assert rope_facts(four) == rope_facts(five) == {"rope_theta": 10000.0, "rotary_fraction": 0.25,
+                                                    "rope_type": "default", "rope_scaling": None}
+    scaled = SimpleNamespace(rope_theta=5e5, rope_scaling={"type": "linear", "factor": 4.0})
+    assert rope_facts(scaled) == {"rope_theta": 5e5, "rotary_fraction": 1.0, "rope_type": "linear",
+                                  "rope_scaling": {"factor": 4.0}}
+    # LLaMA's default RoPE turns the whole head whatever partial_rotary_factor says; its scaled kinds honour it
+    partial = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5})
+    assert rope_facts(partial, reads_partial=False)["rotary_fraction"] == 1.0
+    assert rope_facts(partial)["rotary_fraction"] == 0.5
+    per_kind = SimpleNamespace(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    facts = rope_facts(per_kind)
+    assert facts["full_attention.rope_theta"] == 1e6 and facts["sliding_attention.rope_theta"] == 1e4
