@@ -215,7 +215,8 @@ NEW_FAMILIES = {  # variant: lines inspect must print (the group used, and why p
     "mistral_sliding": ["2 KV groups of 2 query heads", "sliding window of 4 positions in every layer",
                         "sliding_window: 4"],
     "phi3_partial_rotary": ["QK maps (per KV group, shared by its query heads): 4 of 8 head dims free",
-                            "qkv_proj split into q, k, v", "RoPE turns 4 of 8 head dims", "rotary_fraction: 0.5"],
+                            "qkv_proj split into q, k, v", "RoPE turns 4 of 8 head dims", "rotary_fraction: 0.5",
+                            "sliding_window: None"],
     "gemma_mqa": ["1 KV groups of 4 query heads", "RMSNorm gains 1 + w absorbed", "sqrt(hidden_size) = 5.65685",
                   "GLU value scaling", "hidden_act: gelu_pytorch_tanh"],
 }

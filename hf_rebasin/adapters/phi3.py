@@ -40,8 +40,9 @@ class Phi3(Llama):
         return notes
 
     def config_facts(self, config) -> dict:
-        facts = {**super().config_facts(config), "sliding_window": getattr(config, "sliding_window", None),
-                 "original_max_position_embeddings": getattr(config, "original_max_position_embeddings", None)}
+        facts = {**super().config_facts(config), "sliding_window": getattr(config, "sliding_window", None)}
+        if facts["rope_type"] == "longrope":  # the context length longrope switches its factors at
+            facts["original_max_position_embeddings"] = getattr(config, "original_max_position_embeddings", None)
         for fixed_by_the_class in ("attention_bias", "mlp_bias"):  # no biases in Phi-3
             facts.pop(fixed_by_the_class)
         return facts
