@@ -71,6 +71,14 @@ PAIRS: dict[str, dict] = {
         "seq_len": 128,
         "training": dict(steps=3700, batch_size=32, lr=3e-3, warmup=100, weight_decay=0.1, log_every=50),
     },
+    "qwen2-shakespeare": {  # a full-group family (LLaMA's group): GQA, q/k/v biases, tied embeddings
+        "task": "causal-lm",
+        "config_class": "Qwen2Config",
+        "config": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=192, max_position_embeddings=256, tie_word_embeddings=True),
+        "seq_len": 128,
+        "training": dict(steps=800, batch_size=4, lr=3e-3, warmup=40, weight_decay=0.1),
+    },
     "vit-digits": {
         "task": "image-classification",
         "model_args": dict(in_chans=1, img_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4,

@@ -35,4 +35,6 @@ def describe(source: str) -> dict:
         "rotary_dims": spec.rotary_dims, "norm_eps": adapter.norm_eps(config),
         "context_length": adapter.context_length(config),
         "symmetry_group": describe_group(spec), "notes": list(spec.notes),
+        # what two models of this class must agree in to be aligned, by meaning (any spelling of the config)
+        "shared_settings": [f"{key}: {value}" for key, value in adapter.config_facts(config).items()],
     }

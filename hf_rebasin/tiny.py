@@ -27,14 +27,15 @@ def is_image_model(kind: str) -> bool:
     return BACKENDS[adapter_of(kind).backend].task == "image-classification"
 
 
-def randomise_(model: torch.nn.Module, seed: int) -> None:
-    """Redraw every parameter: gains in [0.5, 1.5], biases ~ N(0, 0.1^2), matrices ~ N(0, 1/fan_in)."""
+def randomise_(model: torch.nn.Module, seed: int, unit_gain: float = 1.0) -> None:
+    """Redraw every parameter: gains in [0.5, 1.5], biases ~ N(0, 0.1^2), matrices ~ N(0, 1/fan_in).
+    unit_gain: the stored norm weight that means a gain of 1 (0 where the class multiplies by 1 + w: Gemma)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
             if param.dim() == 1 and leaf == "weight":  # norm gains
-                param.copy_(torch.rand(param.shape, generator=gen) + 0.5)
+                param.copy_(torch.rand(param.shape, generator=gen) + 0.5 - (1.0 - unit_gain))
             elif param.dim() == 1 and leaf == "gamma":  # LayerScale
                 param.copy_(torch.rand(param.shape, generator=gen) * 0.5 + 0.25)
             elif param.dim() == 1:
@@ -57,7 +58,7 @@ def build_tiny(kind: str, seed: int = 0) -> torch.nn.Module:
     else:
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_config(adapter.tiny_config(kind))
-    randomise_(model, seed)
+    randomise_(model, seed, getattr(adapter, "unit_gain", 1.0))
     return model.eval()
 
 

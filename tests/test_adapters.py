@@ -57,6 +57,46 @@ def test_constraints_matter(loaded):
     assert checks.max_diff(source.model, models.instantiate(symmetry.apply(graph, bad), source), x) > 1e-3
 
 
+def test_constraints_matter_in_the_new_families(loaded):
+    """Phi-3's partial rotary: a QK map may act on the pass-through dims but not mix them with rotary ones.
+    Gemma's GeGLU: the GLU scale is exact on `up` (the random elements use it), not on the gelu gate."""
+    source = loaded["phi3_partial_rotary"]
+    graph, x = models.canonicalise(source), tiny.example_inputs("phi3_partial_rotary")
+    spec = graph.spec
+    assert 0 < spec.rotary_dims < spec.head_dim
+    r = spec.rotary_dims
+    for (a, b), breaks in (((r, r + 1), False), ((0, r), True), ((r, 0), True)):
+        t = Transform.identity(spec)
+        t.qk_maps = [torch.eye(spec.head_dim).repeat(spec.n_kv_heads, 1, 1) for _ in range(spec.n_layers)]
+        t.qk_maps[0][:, a, b] = 0.5
+        diff = checks.max_diff(source.model, models.instantiate(symmetry.apply(graph, t), source), x)
+        assert diff > 1e-3 if breaks else diff <= 1e-4, (a, b, diff)
+    source = loaded["gemma_mqa"]
+    graph, x = models.canonicalise(source).materialise(), tiny.example_inputs("gemma_mqa")
+    s = torch.exp(torch.empty(graph.spec.ffn_dim).uniform_(-0.7, 0.7, generator=torch.Generator().manual_seed(0)))
+    for scaled, breaks in (("mlp.up", False), ("mlp.gate", True)):
+        params = dict(graph.params)
+        params["layers.0." + scaled] = params["layers.0." + scaled] * s
+        params["layers.0.mlp.down"] = params["layers.0.mlp.down"] / s[:, None]
+        diff = checks.max_diff(source.model, models.instantiate(graph.replace(params), source), x)
+        assert diff > 1e-3 if breaks else diff <= 1e-4, (scaled, diff)
+
+
+@pytest.mark.parametrize("kind", ["qwen2_sliding", "mistral_sliding"])
+def test_sliding_windows_are_at_work_in_the_tiny_variants(loaded, kind, tmp_path):
+    """The windowed variants really mask (else their exactness tests would not cover the window)."""
+    import shutil
+    shutil.copytree(loaded[kind].folder, tmp_path / "full")
+    config = json.loads((tmp_path / "full" / "config.json").read_text())
+    config.update(sliding_window=None, use_sliding_window=False, layer_types=None)
+    (tmp_path / "full" / "config.json").write_text(json.dumps(config))
+    full = models.load(tmp_path / "full")
+    x = tiny.example_inputs(kind)
+    assert checks.max_diff(loaded[kind].model, full.model, x) > 1e-3
+    with pytest.raises(models.IncompatibleModelsError, match="window"):
+        models.check_compatible(loaded[kind], full)
+
+
 def test_gqa_head_permutation_must_keep_groups(loaded):
     spec = models.canonicalise(loaded["llama_gqa_tied"]).spec
     assert spec.n_kv_heads == 2 and spec.group_size == 2
@@ -166,3 +206,27 @@ def test_inspect_command(tiny_dirs, capsys):
     assert any("clip_qkv" in line for line in info["symmetry_group"])
     assert main(["inspect", str(tiny_dirs["gpt_neox"].parent)]) == 2
     assert "not a model folder" in capsys.readouterr().err
+
+
+NEW_FAMILIES = {  # variant: lines inspect must print (the group used, and why parts are as they are)
+    "qwen2_sliding": ["head permutations: 4 heads per layer", "QK maps (per head): 0 of 8 head dims free",
+                      "q/k/v biases move with their heads", "sliding windows (None, 4) per layer",
+                      "attention_windows: (None, 4)"],
+    "mistral_sliding": ["2 KV groups of 2 query heads", "sliding window of 4 positions in every layer",
+                        "sliding_window: 4"],
+    "phi3_partial_rotary": ["QK maps (per KV group, shared by its query heads): 4 of 8 head dims free",
+                            "qkv_proj split into q, k, v", "RoPE turns 4 of 8 head dims", "rotary_fraction: 0.5",
+                            "sliding_window: None"],
+    "gemma_mqa": ["1 KV groups of 4 query heads", "RMSNorm gains 1 + w absorbed", "sqrt(hidden_size) = 5.65685",
+                  "GLU value scaling", "hidden_act: gelu_pytorch_tanh"],
+}
+
+
+@pytest.mark.parametrize("kind", NEW_FAMILIES)
+def test_inspect_shows_the_group_of_each_new_family(tiny_dirs, kind, capsys):
+    from hf_rebasin.cli import main
+    assert main(["inspect", str(tiny_dirs[kind])]) == 0
+    out = capsys.readouterr().out
+    assert tiny.adapter_of(kind).architecture in out
+    for line in NEW_FAMILIES[kind]:
+        assert line in out, line

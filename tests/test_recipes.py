@@ -30,6 +30,9 @@ TABLE_5_PAIRS = {  # Li & Shen Table 5 (ViT-L left out: timm has no augreg_in1k 
     "vit-small": ("timm/vit_small_patch16_224.augreg_in21k_ft_in1k", "timm/vit_small_patch16_224.augreg_in1k"),
     "vit-base": ("timm/vit_base_patch16_224.augreg_in21k_ft_in1k", "timm/vit_base_patch16_224.augreg_in1k"),
     "example-stdlib": ("example-pair/model-a", "example-pair/model-b"),
+    # the PolyPythias: the same data, different seeds (seed 1 vs seed 2; --set models=... for other seeds)
+    **{f"polypythia-{s}": (f"EleutherAI/pythia-{s}-seed1", f"EleutherAI/pythia-{s}-seed2")
+       for s in ("14m", "31m", "70m", "160m", "410m")},
 }
 LEARNED_RECIPES = {"pythia-1b", "pythia-1.4b", "pythia-2.8b", "pythia-6.9b", "fineweb-edu-pile",
                    "olmo-7b-twin"}  # the pairs of 1B parameters and more
@@ -526,3 +529,13 @@ def test_example_stdlib_recipe_runs(tmp_path, capsys):
     assert barrier["method"] == "wm" and Path(barrier["data"]["spec"]).resolve() == EXAMPLE_PAIR / "heldout.txt"
     assert barrier["data"]["seq_len"] == 128 and barrier["data"]["tokens"] == 2048  # the recipe's and --set's
     assert [Path(m).resolve() for m in barrier["models"]] == [EXAMPLE_PAIR / "model-a", EXAMPLE_PAIR / "model-b"]
+
+
+def test_polypythia_recipes_take_other_seeds(monkeypatch, tmp_path, capsys):
+    """Any two of the nine seeds, by --set, without the Hub (validation reads no config)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(["polypythia-70m", "--dry-run", "--set",
+                          "models=[EleutherAI/pythia-70m-seed3, EleutherAI/pythia-70m-seed7]"], capsys)
+    assert code == 0, err
+    assert "merge EleutherAI/pythia-70m-seed3 EleutherAI/pythia-70m-seed7 --method wm" in out

@@ -15,21 +15,22 @@ from hf_rebasin.adapters import REGISTRY
 from hf_rebasin.sources import models
 
 THROWAWAY = textwrap.dedent('''
-    """Qwen2 (throw-away, written by tests/test_registry.py): the LLaMA layout with q/k/v biases."""
+    """Seed-OSS (throw-away, written by tests/test_registry.py): the LLaMA layout with q/k/v biases."""
     from hf_rebasin.adapters.base import register
     from hf_rebasin.adapters.llama import Llama
 
 
     @register
-    class Qwen2(Llama):
-        architecture = "Qwen2ForCausalLM"
-        tiny = {"qwen2_throwaway": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                        num_hidden_layers=2, intermediate_size=48, vocab_size=97,
-                                        max_position_embeddings=64, tie_word_embeddings=False)}
+    class SeedOss(Llama):
+        architecture = "SeedOssForCausalLM"
+        tiny = {"seed_oss_throwaway": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                           head_dim=8, num_hidden_layers=2, intermediate_size=48, vocab_size=97,
+                                           max_position_embeddings=64, tie_word_embeddings=False,
+                                           attention_bias=True, attention_out_bias=False, mlp_bias=False)}
 
         def tiny_config(self, variant):
-            from transformers import Qwen2Config
-            return Qwen2Config(**self.tiny[variant])
+            from transformers import SeedOssConfig
+            return SeedOssConfig(**self.tiny[variant])
 ''')
 
 
@@ -43,25 +44,25 @@ def test_every_registered_adapter_has_tiny_variants():
 @pytest.fixture
 def throwaway_adapter(tmp_path, monkeypatch):
     """hf_rebasin/adapters/ with one more file in it (the folder extended by a temporary one)."""
-    (tmp_path / "qwen2_throwaway.py").write_text(THROWAWAY)
+    (tmp_path / "seed_oss_throwaway.py").write_text(THROWAWAY)
     monkeypatch.setattr(adapters, "__path__", [*adapters.__path__, str(tmp_path)])
     yield
-    REGISTRY.pop("Qwen2ForCausalLM", None)
-    sys.modules.pop("hf_rebasin.adapters.qwen2_throwaway", None)
+    REGISTRY.pop("SeedOssForCausalLM", None)
+    sys.modules.pop("hf_rebasin.adapters.seed_oss_throwaway", None)
 
 
 def test_a_new_architecture_is_one_file(throwaway_adapter, tmp_path):
-    assert "Qwen2ForCausalLM" not in REGISTRY
+    assert "SeedOssForCausalLM" not in REGISTRY
     adapters.discover()
-    assert "Qwen2ForCausalLM" in REGISTRY and "qwen2_throwaway" in tiny.kinds()
-    folder = tiny.make_tiny("qwen2_throwaway", tmp_path / "qwen2", seed=1)
+    assert "SeedOssForCausalLM" in REGISTRY and "seed_oss_throwaway" in tiny.kinds()
+    folder = tiny.make_tiny("seed_oss_throwaway", tmp_path / "seed_oss", seed=1)
     source = models.load(folder)
-    assert source.adapter is REGISTRY["Qwen2ForCausalLM"]
+    assert source.adapter is REGISTRY["SeedOssForCausalLM"]
     assert "layers.0.attn.q_bias" in models.canonicalise(source).params  # the biases LLaMA checkpoints lack
     # the checks test_adapters.py and test_merge.py run on every registered variant
-    checks.round_trip_is_exact(source, "qwen2_throwaway")
-    checks.random_group_element_preserves_function(source, "qwen2_throwaway")
-    checks.export_loads_with_stock_loader(source, "qwen2_throwaway", tmp_path / "export")
+    checks.round_trip_is_exact(source, "seed_oss_throwaway")
+    checks.random_group_element_preserves_function(source, "seed_oss_throwaway")
+    checks.export_loads_with_stock_loader(source, "seed_oss_throwaway", tmp_path / "export")
     text = tmp_path / "heldout.txt"
     text.write_text(corpus.heldout_text(20000))
-    checks.weight_matching_recovers_a_disguised_copy("qwen2_throwaway", folder, tmp_path, text, None)
+    checks.weight_matching_recovers_a_disguised_copy("seed_oss_throwaway", folder, tmp_path, text, None)

@@ -45,7 +45,7 @@ def save_model(kind: str, args: dict, path, seed: int) -> models.Loaded:
     else:
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_config(type(adapter.tiny_config(kind))(**args))
-        tiny.randomise_(model, seed)
+        tiny.randomise_(model, seed, getattr(adapter, "unit_gain", 1.0))
         model.save_pretrained(path, safe_serialization=True)
         tiny.tiny_tokenizer(model.config.vocab_size).save_pretrained(path)
     return models.load(path)
@@ -120,6 +120,12 @@ CASES = {  # other layouts: larger head_dim (softmax scale in Q; RoPE pairs onto
                                                 num_key_value_heads=2)),
     "llama-same_width": ("llama_gqa_tied", dict(intermediate_size=24)),
     "gpt_neox-same_width": ("gpt_neox", dict(intermediate_size=32)),
+    # Phi-3: partial rotary in a fused qkv_proj, hd 4 -> 8 (rotary 2 -> 4); Gemma: explicit head_dim 8 -> 16, MQA,
+    # the sqrt(d) embedding factor of each width (4 vs sqrt(32))
+    "phi3-head_dim": ("phi3_partial_rotary", dict(hidden_size=16, intermediate_size=24)),
+    "gemma-head_dim": ("gemma_mqa", dict(hidden_size=16, intermediate_size=24, head_dim=8)),
+    "qwen2-group_2_to_2": ("qwen2_gqa_tied", dict(hidden_size=16, intermediate_size=24, num_attention_heads=2,
+                                                  num_key_value_heads=1)),
 }
 
 
@@ -256,3 +262,16 @@ def test_merge_of_a_wide_and_a_narrow_model(make, kind, tmp_path):
                  *extra]) == 2  # the wider model must come first
     assert not (tmp_path / "x").exists()
 
+
+
+def test_phi3_rotary_fraction_that_no_embedding_bridges(make):
+    """A narrow Phi-3 that turns all 8 of its head dims cannot go into a wide one that turns 4 of 8: refused by
+    name, both by the exact embedding (the Spec) and by the facts two models of one class must share."""
+    wide = make("phi3_partial_rotary")
+    narrow = make("phi3_partial_rotary", {**tiny.adapter_of("phi3_partial_rotary").tiny["phi3_partial_rotary"],
+                                          "hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                          "intermediate_size": 24, "partial_rotary_factor": 1.0}, seed=2)
+    assert narrow.spec.head_dim == wide.spec.head_dim == 8
+    assert "rotary_dims: 8 vs 4" in widths.can_embed(narrow.spec, wide.spec)
+    with pytest.raises(IncompatibleModelsError, match="rotary_fraction: 0.5 vs 1.0"):
+        models.check_compatible(wide, narrow, shapes=False)

@@ -24,7 +24,6 @@ UNSUPPORTED: dict[str, str] = {
                         "puts its norms after attention/FFN (post-norm), on the residual path itself; "
                         "neither commutes with the residual rotation or the per-head maps",
     "Olmo3ForCausalLM": "OLMo-3 uses QK-norm and post-norm like OLMo-2",
-    "GemmaForCausalLM": "Gemma scales the embeddings by sqrt(d) and adds 1 to its RMSNorm gains; not yet adapted",
     "Qwen3ForCausalLM": "Qwen3 applies per-head RMSNorm to q and k (QK-norm), which breaks the QK maps",
 }
 

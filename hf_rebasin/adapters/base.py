@@ -8,7 +8,7 @@ variants the tests build.  Adapters register themselves (``@register``); adding 
 adding one file to this folder."""
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -34,8 +34,9 @@ class Adapter:
     ignored_suffixes: ClassVar[tuple[str, ...]] = ()
     # other names checkpoint files give a parameter: {name in the model class: (names in files, ...)}
     checkpoint_aliases: ClassVar[dict[str, tuple[str, ...]]] = {}
-    # config fields that must be equal for two models to be aligned (beyond the Spec's shapes)
-    compatibility_fields: ClassVar[tuple[str, ...]] = ()
+    # the name the class's own save_pretrained writes for a parameter, where it is not the parameter's name:
+    # {name in the model class: name in the files it writes} (read as an alias too)
+    saved_names: ClassVar[dict[str, str]] = {}
     # module paths, with {i} for the layer, whose INPUT is: the residual stream entering block i ("block"),
     # the concatenated head outputs ("attn_out"), the FFN hidden activations ("ffn_hidden"), the stream
     # entering the final norm ("final") -- for activation matching
@@ -57,6 +58,19 @@ class Adapter:
     def eps_config_changes(self, eps: float) -> dict:
         """Config changes that set the exported norm eps (empty where the class fixes it)."""
         return {}
+
+    def config_facts(self, config) -> dict[str, Any]:
+        """What the class's forward depends on beyond the Spec's shapes, by meaning ({fact: value}), resolved
+        from whichever spelling the config was written in: two models can be aligned only if these are equal.
+        The norm eps is not one (it is a parameter of the canonical graph, interpolated like the weights)."""
+        return {}
+
+    def file_aliases(self) -> dict[str, tuple[str, ...]]:
+        """Every other name a parameter may have in checkpoint files (what the class saves, then older names)."""
+        out = {name: (saved,) for name, saved in self.saved_names.items()}
+        for name, names in self.checkpoint_aliases.items():
+            out[name] = out.get(name, ()) + tuple(n for n in names if n not in out.get(name, ()))
+        return out
 
     def tiny_config(self, variant: str):
         """The config (transformers) or create_model arguments (timm) of a tiny variant."""
@@ -110,6 +124,8 @@ class Adapter:
                 out.append((module, "eps"))
             elif isinstance(getattr(module, "variance_epsilon", None), float):
                 out.append((module, "variance_epsilon"))
+            elif type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "eps", None), float):
+                out.append((module, "eps"))  # Gemma's RMSNorm keeps its eps as `eps`
         return out
 
 
@@ -153,6 +169,42 @@ class StateReader:
             raise UnsupportedModelError(
                 f"{self.architecture}: parameters hf-rebasin does not know how to align: {shown}. "
                 "This variant of the architecture is not supported (aligning it would silently drop these).")
+
+
+def first_set(config, names: tuple[str, ...], default=None):
+    """The first of config's attributes `names` that is set (not None): one setting under its spellings."""
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def rope_facts(config, reads_partial: bool = True) -> dict[str, Any]:
+    """RoPE as the class's forward computes it, by meaning.  transformers 5 gathers every spelling (rope_theta,
+    rotary_emb_base, rotary_pct, partial_rotary_factor, rope_scaling) into config.rope_parameters, and the
+    forward reads only that; a config object without it (transformers 4) keeps them as attributes.
+    reads_partial: whether the default RoPE of the class honours partial_rotary_factor (LLaMA's does not;
+    its scaled variants do).  Classes with one RoPE per layer type get one set of facts per type."""
+    default_theta = getattr(config, "default_theta", 10000.0)
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        return {f"{kind}.{k}": v for kind, sub in sorted(params.items())
+                for k, v in _rope(sub, default_theta, 1.0, reads_partial).items()}
+    if params:
+        return _rope(params, default_theta, 1.0, reads_partial)
+    return _rope(getattr(config, "rope_scaling", None) or {},
+                 first_set(config, ("rope_theta", "rotary_emb_base"), default_theta),
+                 first_set(config, ("partial_rotary_factor", "rotary_pct"), 1.0), reads_partial)
+
+
+def _rope(params: dict, theta: float, partial: float, reads_partial: bool) -> dict[str, Any]:
+    kind = params.get("rope_type", params.get("type", "default"))
+    partial = params.get("partial_rotary_factor", partial) if reads_partial or kind != "default" else 1.0
+    scaling = {k: v for k, v in sorted(params.items())
+               if k not in ("rope_theta", "partial_rotary_factor", "rope_type", "type")}
+    return {"rope_theta": float(params.get("rope_theta", theta)), "rotary_fraction": float(partial),
+            "rope_type": kind, "rope_scaling": scaling or None}
 
 
 def linear_in(read: StateReader, prefix: str) -> tuple[Tensor, Tensor | None]:

@@ -16,7 +16,6 @@ def conv1d(read, prefix: str):
 class GPT2(Adapter):
     architecture = "GPT2LMHeadModel"
     ignored_suffixes = ("attn.bias", "attn.masked_bias")
-    compatibility_fields = ("activation_function", "n_positions")
     modules = {"block": "transformer.h.{i}", "attn_out": "transformer.h.{i}.attn.c_proj",
                "ffn_hidden": "transformer.h.{i}.mlp.c_proj", "final": "transformer.ln_f"}
     tiny = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97, n_positions=64)}
@@ -31,6 +30,11 @@ class GPT2(Adapter):
                    "and bias 0, except ln_f, which keeps a bias (lm_head has none to absorb it)",
                    "embeddings untied in the export (the final norm gain now sits in lm_head): "
                    "tie_word_embeddings=False"))
+
+    def config_facts(self, config) -> dict:
+        return {"activation_function": config.activation_function, "n_positions": config.n_positions,
+                "scale_attn_weights": bool(config.scale_attn_weights),
+                "scale_attn_by_inverse_layer_idx": bool(config.scale_attn_by_inverse_layer_idx)}
 
     def norm_eps(self, config) -> float:
         return float(config.layer_norm_epsilon)

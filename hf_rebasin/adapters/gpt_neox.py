@@ -1,26 +1,25 @@
 """GPT-NeoX (Pythia): LayerNorm with bias, fused per-head interleaved QKV, partial rotary,
-parallel or sequential residual, untied unembedding (``lm_head``; ``embed_out`` in Hub files)."""
+parallel or sequential residual, untied unembedding (``lm_head`` in the class, ``embed_out`` in its files:
+read and written under that name).  Attention biases are always canonical (the LayerNorm bias folds into them),
+so attention_bias is not a fact two models must share."""
 from __future__ import annotations
 
 import torch
 
 from ..core.canonical import Spec, centre, fold_norm, layer_key
-from .base import Adapter, filled, linear_in, register, safe_divide
+from .base import Adapter, filled, linear_in, register, rope_facts, safe_divide
 
 
 def rotary_dims(config) -> int:
-    head_dim = config.hidden_size // config.num_attention_heads
-    factor = (getattr(config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
-    return int(head_dim * factor)
+    """The rotary dims per head, from rotary_pct (transformers 4) or rope_parameters (5) alike."""
+    return int(config.hidden_size // config.num_attention_heads * rope_facts(config)["rotary_fraction"])
 
 
 @register
 class GPTNeoX(Adapter):
     architecture = "GPTNeoXForCausalLM"
     ignored_suffixes = ("rotary_emb.inv_freq", "masked_bias", "attention.bias")
-    checkpoint_aliases = {"lm_head.weight": ("embed_out.weight",)}  # the Hub's Pythia files say embed_out
-    compatibility_fields = ("use_parallel_residual", "hidden_act", "rope_parameters", "rope_theta",
-                            "max_position_embeddings")
+    saved_names = {"lm_head.weight": "embed_out.weight"}  # what save_pretrained and the Hub's Pythia files say
     modules = {"block": "gpt_neox.layers.{i}", "attn_out": "gpt_neox.layers.{i}.attention.dense",
                "ffn_hidden": "gpt_neox.layers.{i}.mlp.dense_4h_to_h", "final": "gpt_neox.final_layer_norm"}
     tiny = {
@@ -41,6 +40,10 @@ class GPTNeoX(Adapter):
             notes=("norm gains and biases absorbed into the next linear layers; LayerNorms exported with "
                    "weight 1 and bias 0, except the final one, which keeps a bias (lm_head has none to absorb it)",
                    "attention and FFN biases always present in the export (attention_bias=True)"))
+
+    def config_facts(self, config) -> dict:
+        return {"hidden_act": config.hidden_act, "use_parallel_residual": bool(config.use_parallel_residual),
+                **rope_facts(config), "max_position_embeddings": config.max_position_embeddings}
 
     def norm_eps(self, config) -> float:
         return float(config.layer_norm_eps)

@@ -12,7 +12,6 @@ OLMO_EPS = 1e-5  # OlmoLayerNorm's eps, fixed in the class (not in the config)
 @register
 class Olmo(Llama):
     architecture = "OlmoForCausalLM"
-    compatibility_fields = Llama.compatibility_fields + ("clip_qkv",)
     norm_gains = False
     tiny = {
         "olmo": dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=48,
@@ -33,6 +32,9 @@ class Olmo(Llama):
                          "the residual rotation acts on them as a write and a read")
         return super().spec(config, centred=True, head_maps=not clipped, scale_exact=False, notes=tuple(notes),
                             **overrides)
+
+    def config_facts(self, config) -> dict:
+        return {**super().config_facts(config), "clip_qkv": config.clip_qkv}
 
     def norm_eps(self, config) -> float:
         return OLMO_EPS

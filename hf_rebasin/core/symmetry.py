@@ -353,5 +353,6 @@ def describe_group(spec: Spec) -> list[str]:
         lines.append(f"OV maps ({owner}): any invertible {hd}x{hd}")
     lines.append(f"FFN permutations: {spec.ffn_dim} hidden units per layer")
     if spec.glu:
-        lines.append(f"GLU value scaling: {spec.ffn_dim} nonzero scales per layer (SwiGLU up/down)")
+        lines.append(f"GLU value scaling: {spec.ffn_dim} nonzero scales per layer (up times s, down rows "
+                     "over s, the gate untouched: exact for any gate activation)")
     return lines

@@ -13,7 +13,7 @@ graph's eps IS the wide model's eps.
 Heads: narrow head h goes to a wide query head of a wide KV group that holds (a copy of) its KV head; the
 remaining wide heads are zero-output heads (zero Q/K/V columns, zero O rows).  Narrow head dims go to wide head
 dims; RoPE pairs only to wide pairs of the same frequency theta^(-2i/r) (the rotary base and scaling must be
-the same: compatibility fields of the adapters, checked when models are loaded), pass-through dims to wide
+the same: settings the adapters resolve by meaning, checked when models are loaded), pass-through dims to wide
 pass-through dims; the unused dims are zero.  The softmax scale 1/sqrt(head_dim) changes by sqrt(hd_w/hd_n),
 absorbed into Q (a QK map, so refused where head_maps is False, i.e. OLMo's clip_qkv clamp).  FFN: extra units
 have zero in- and out-weights and zero biases.  Clamps (clip_qkv) keep zeros at zero, so padding stays exact.

@@ -183,9 +183,11 @@ class TransformersBackend(Backend):
                             "to tokenise text (--data, --train-data, tokenize)") from error
 
     def differences(self, a, b):
-        values = [(key, getattr(a.config, key, None), getattr(b.config, key, None))
-                  for key in a.adapter.compatibility_fields]
-        return [(key, x, y) for key, x, y in values if x != y]
+        """The adapter's facts by meaning (config_facts), not the config's attributes by spelling: a config written
+        by transformers 4 (rotary_pct, rotary_emb_base) and one by 5 (rope_parameters) that mean the same agree."""
+        fa, fb = a.adapter.config_facts(a.config), b.adapter.config_facts(b.config)
+        keys = [*fa, *(k for k in fb if k not in fa)]
+        return [(key, fa.get(key), fb.get(key)) for key in keys if fa.get(key) != fb.get(key)]
 
     def vocabulary_problem(self, a, b) -> str | None:
         """Why the two models' tokenizers index tokens differently, or None."""

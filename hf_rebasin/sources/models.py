@@ -56,7 +56,7 @@ def load(source: str | Path) -> Loaded:
     adapter, config = backend.configure(folder, hub_config)
     loaded = Loaded(source, adapter, backend, config, hub_config, folder, None)
     expected = set(backend.build(loaded, {}).state_dict())
-    loaded.files = CheckpointFiles(folder, expected, adapter.checkpoint_aliases, backend.base_prefix(loaded))
+    loaded.files = CheckpointFiles(folder, expected, adapter.file_aliases(), backend.base_prefix(loaded))
     return loaded
 
 
@@ -195,10 +195,10 @@ class AveragedCheckpoints(LazyGraph):
     def layer(self, i: int) -> dict[str, Tensor]:
         return self.template.adapter.layer_to_canonical(self._reader(), self.template.config, self.spec, i)
 
-    def checkpoint_parts(self, file_names: bool = False) -> Iterator[dict[str, Tensor]]:
-        """The averaged tensors one at a time, under the model class's names (or the files' own names)."""
+    def checkpoint_parts(self) -> Iterator[dict[str, Tensor]]:
+        """The averaged tensors one at a time, under the model class's names."""
         for name in self.mixed:
-            yield {self.template.files.location[name][1] if file_names else name: self.mixed[name]}
+            yield {name: self.mixed[name]}
 
 
 # --- building and saving the original class --------------------------------------------------------
