@@ -46,14 +46,18 @@ def test_rotation_objective_is_the_distance_weight_matching_reports(kind, tiny_d
     norm_a = sum(float(v.double().pow(2).sum()) for v in a.params.values())
     gen = torch.Generator().manual_seed(0)
     d = a.spec.d_model
-    draw = (lambda: symmetry.random_rotation_fixing_ones(d, gen)) if a.spec.centred else \
-        (lambda: symmetry.random_orthogonal(d, gen))
+    if a.spec.residual == "signed_permutation":  # the residual group declared: post-norm gains move by |G|
+        draw = lambda: symmetry.random_signed_permutation(d, gen)
+    elif a.spec.centred:
+        draw = lambda: symmetry.random_rotation_fixing_ones(d, gen)
+    else:
+        draw = lambda: symmetry.random_orthogonal(d, gen)
     distances, overlaps = [], []
     for g in (draw(), draw()):
         t = Transform.identity(a.spec)
         t.rotation = g.float()
         distances.append(relative_distance(a.params, b, t))
-        overlaps.append(float((g.float().double() * m).sum()))
+        overlaps.append(float((g.float().double() * m[0]).sum() + (g.float().double().abs() * m[1]).sum()))
     assert distances[0] - distances[1] == pytest.approx(-2 * (overlaps[0] - overlaps[1]) / norm_a, rel=1e-4, abs=1e-7)
 
 
