@@ -147,6 +147,9 @@ def outputs_of(graph, template, x):
     ("llama_gqa_tied", "dual", "plain"),  # GQA, SwiGLU scales, not centred
     ("vit", "lm", "plain"),  # image classifier, centred, no RoPE
     ("olmo_clip_qkv", "lm", "absorbed"),  # no per-head maps
+    ("qwen3_gqa_tied", "lm", "plain"),  # QK-norm: OV maps only, the residual rotation
+    ("olmo2_gqa", "dual", "plain"),  # post-norms: a fixed signed permutation, OV maps, QK-norm gains permuted
+    ("gemma2_gqa_tied", "dual", "absorbed"),  # post-norms, soft-capping: fixed residual, QK and OV maps
 ])
 def test_learned_transforms_are_exact_symmetries(kind, method, init, tiny_dirs, tmp_path):
     template, a = graph_of(tiny_dirs[kind])
@@ -159,7 +162,12 @@ def test_learned_transforms_are_exact_symmetries(kind, method, init, tiny_dirs, 
                              eval_every=0, inv="polar" if init == "plain" else "direct",
                              orth="expm" if kind == "vit" else "cayley")
     result = learn_transforms(a, b, template, data, None, settings, progress=False, wm=start)
-    assert (result.transform_b.rotation - start.transform_b.rotation).abs().max() > 1e-3  # it did learn
+    if a.spec.residual == "signed_permutation":  # a discrete residual group: kept as it started, the maps learned
+        assert torch.equal(result.transform_b.rotation, start.transform_b.rotation)
+        assert (result.transform_b.ov_maps[0] - start.transform_b.ov_maps[0]).abs().max() > 1e-3  # it did learn
+    else:
+        assert (result.transform_b.rotation - start.transform_b.rotation).abs().max() > 1e-3  # it did learn
+    assert all((m is None) != b.spec.qk_maps for m in result.transform_b.qk_maps)
     x = tiny.example_inputs(kind, seed=4)
     b_loaded = models.load(b_dir)
     for graph, transform, loaded in ((a, result.transform_a, template), (b, result.transform_b, b_loaded)):

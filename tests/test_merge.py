@@ -71,7 +71,11 @@ def test_the_distance_weight_matching_logs_is_the_distance_of_what_it_returns(ki
     alignment = weight_matching(a, b, max_rounds=3, tol=0.0, progress=False)
     t_a, t_b = alignment.transforms
     logged = min(e["distance"] for e in alignment.log)
-    assert len(alignment.log) == 4 and t_b.rotation is not None
+    assert t_b.rotation is not None
+    if a.spec.residual == "signed_permutation" and len(alignment.log) < 4:  # a discrete residual group can reach a
+        assert alignment.log[-1]["distance"] == alignment.log[-2]["distance"]  # fixed point: a round changed nothing
+    else:
+        assert len(alignment.log) == 4
     assert relative_distance(symmetry.apply(a, t_a), b, t_b) == pytest.approx(logged, rel=1e-5, abs=1e-8)
 
 
