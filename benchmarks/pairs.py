@@ -57,6 +57,14 @@ PAIRS: dict[str, dict] = {
         "seq_len": 128,
         "training": dict(steps=800, batch_size=4, lr=3e-3, warmup=40, weight_decay=0.1),
     },
+    "olmo2-shakespeare": {  # a reduced-group family: post-norms (signed-permutation residual), QK-norm
+        "task": "causal-lm",
+        "config_class": "Olmo2Config",
+        "config": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256,
+                       max_position_embeddings=256, tie_word_embeddings=False, pad_token_id=None),
+        "seq_len": 128,
+        "training": dict(steps=800, batch_size=4, lr=3e-3, warmup=40, weight_decay=0.1),
+    },
     "vit-digits": {
         "task": "image-classification",
         "model_args": dict(in_chans=1, img_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4,

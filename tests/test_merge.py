@@ -166,12 +166,12 @@ def test_bad_inputs(tiny_dirs, tmp_path, text_file, capsys):
     code, err = run_cli(["merge", neox, str(tmp_path / "vocab"), "--out", out, *common], capsys)
     assert code == 2 and "tokenizers" in err and "differ" in err
     # unsupported
-    olmo2 = transformers.Olmo2Config(hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
+    olmo3 = transformers.Olmo3Config(hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
                                      intermediate_size=32, vocab_size=97, pad_token_id=1, bos_token_id=None,
                                      eos_token_id=2)
-    transformers.Olmo2ForCausalLM(olmo2).save_pretrained(tmp_path / "olmo2")
-    code, err = run_cli(["merge", str(tmp_path / "olmo2"), str(tmp_path / "olmo2"), "--out", out, *common], capsys)
-    assert code == 2 and "Olmo2ForCausalLM is not supported" in err
+    transformers.Olmo3ForCausalLM(olmo3).save_pretrained(tmp_path / "olmo3")
+    code, err = run_cli(["merge", str(tmp_path / "olmo3"), str(tmp_path / "olmo3"), "--out", out, *common], capsys)
+    assert code == 2 and "Olmo3ForCausalLM is not supported" in err
     # non-finite weights
     broken = tiny.build_tiny("gpt_neox", seed=1)
     with torch.no_grad():
