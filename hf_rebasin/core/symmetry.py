@@ -348,8 +348,10 @@ def describe_group(spec: Spec) -> list[str]:
                      "LayerNorm export keeps the stream centred), shared by all layers")
     else:
         lines.append(f"residual rotation: any orthogonal {d}x{d}, shared by all layers")
+    kept = spec.residual != "orthogonal" or spec.qk_norm != "none"
     lines.append("residual scale g: exact (norm eps rescaled in the exported config)" if spec.scale_exact
-                 else "residual scale g: fixed to 1 (the exported norm eps cannot be rescaled)")
+                 else "residual scale g: fixed to 1 (" + ("not exact with the kept norm gains: see the notes" if kept
+                                                          else "the exported norm eps cannot be rescaled") + ")")
     if spec.n_kv_heads == spec.n_heads:
         lines.append(f"head permutations: {spec.n_heads} heads per layer, {spec.n_layers} layers")
     else:
@@ -373,5 +375,5 @@ def describe_group(spec: Spec) -> list[str]:
                  else "OV maps: none (clip_qkv clamps v elementwise)")
     lines.append(f"FFN permutations: {spec.ffn_dim} hidden units per layer")
     if spec.glu:
-        lines.append(f"GLU value scaling: {spec.ffn_dim} nonzero scales per layer (SwiGLU up/down)")
+        lines.append(f"GLU value scaling: {spec.ffn_dim} nonzero scales per layer (gated FFN: up/down)")
     return lines
