@@ -10,8 +10,8 @@ The group (docs/design.md §3), derived:
   as for OLMo-2, a stream map G must satisfy ``diag(γ) G = M diag(γ')`` with M orthogonal for every kept gain γ,
   which generic gains allow for signed permutations only (``γ' = γ |G|``).  The gains are canonical tensors
   (``attn.post_norm``, ``mlp.post_norm``, holding γ = 1 + w).
-* residual scale g: not used (every write reaches the stream through a post-norm, which learned matching's way of
-  rescaling the eps does not cover).
+* residual scale g: exact in principle (writes ``g W G``, post-norm gains ``g γ |G|``, every eps ``g² eps``), but
+  not used: learned matching rescales the eps by dividing the writes, which the post-norms would undo.
 * head permutations, QK maps (scaled 2-D rotations per RoPE pair) and OV maps: exact.  The scores depend on q and
   k only through ``q kᵀ`` (soft-capping, the scalar and the sliding window act on the scores), and the head's
   output through ``v W_O``.
@@ -64,7 +64,8 @@ class Gemma2(Adapter):
             notes=("pre-norm and final-norm gains (1 + w) absorbed into the next linear layers, exported as w = 0",
                    "post-sublayer norm gains kept as they are: the residual group is the signed permutations "
                    "(a rotation does not pass a gain after a norm)",
-                   "residual scale g not used: every write reaches the stream through a post-norm",
+                   "residual scale g not used: the layers write through post-norms, which learned matching's eps "
+                   "rescaling (dividing the writes) does not pass",
                    "sqrt(hidden_size) embedding scale folded into the canonical token embedding",
                    "embeddings untied in the export (the final norm gain now sits in lm_head): "
                    "tie_word_embeddings=False"))
