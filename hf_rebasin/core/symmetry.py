@@ -342,7 +342,7 @@ def describe_group(spec: Spec) -> list[str]:
     lines = []
     if spec.residual == "signed_permutation":
         lines.append(f"residual: signed permutations of the {d} coordinates only, shared by all layers (a gain "
-                     "after a norm on every residual write commutes with no other orthogonal map)")
+                     "after a norm on every residual write: for generic gains no other orthogonal map passes it)")
     elif spec.centred:
         lines.append(f"residual rotation: orthogonal {d}x{d} fixing the all-ones direction (G·1 = ±1, "
                      "LayerNorm export keeps the stream centred), shared by all layers")
