@@ -64,7 +64,7 @@ PAIRS: dict[str, dict] = {
         "config": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256,
                        max_position_embeddings=256, tie_word_embeddings=False, pad_token_id=None),
         "seq_len": 128,
-        "training": dict(steps=800, batch_size=8, lr=3e-3, warmup=40, weight_decay=0.1),
+        "training": dict(steps=300, batch_size=8, lr=3e-3, warmup=15, weight_decay=0.1),
     },
     "vit-digits": {
         "task": "image-classification",
