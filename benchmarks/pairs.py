@@ -79,6 +79,24 @@ PAIRS: dict[str, dict] = {
         "seq_len": 128,
         "training": dict(steps=800, batch_size=4, lr=3e-3, warmup=40, weight_decay=0.1),
     },
+    "olmo2-shakespeare-chars": {  # a reduced-group family (post-norms: signed-permutation residual; QK-norm),
+        "task": "causal-lm",       # characters as tokens: a 2-core CPU trains it in minutes (GPT-2's 50k vocab: hours)
+        "tokenizer": "characters",
+        "config_class": "Olmo2Config",
+        "config": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256,
+                       max_position_embeddings=256, tie_word_embeddings=False, pad_token_id=None),
+        "seq_len": 128,
+        "training": dict(steps=300, batch_size=8, lr=3e-3, warmup=15, weight_decay=0.1),
+    },
+    "qwen2-shakespeare-chars": {  # a full-group family (LLaMA's group: GQA, q/k/v biases, tied embeddings), the
+        "task": "causal-lm",        # OLMo-2 pair's data, tokenizer and training: the two rows compare groups
+        "tokenizer": "characters",
+        "config_class": "Qwen2Config",
+        "config": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=256, max_position_embeddings=256, tie_word_embeddings=True),
+        "seq_len": 128,
+        "training": dict(steps=300, batch_size=8, lr=3e-3, warmup=15, weight_decay=0.1),
+    },
     "vit-digits": {
         "task": "image-classification",
         "model_args": dict(in_chans=1, img_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4,
@@ -150,6 +168,17 @@ def vit_input_size(settings: dict) -> tuple[int, int, int]:
     return model_args["in_chans"], model_args["img_size"], model_args["img_size"]
 
 
+def character_tokenizer(text: str):
+    """One token per distinct character of `text` (sorted), then <|endoftext|>: for small-vocabulary pairs."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+    vocab = {c: k for k, c in enumerate(sorted(set(text)))}
+    vocab["<|endoftext|>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.decoder = decoders.BPEDecoder()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
 def stdlib_splits() -> dict[str, list[str]]:
     """CPython's standard library (hf_rebasin.training.stdlib_files), split by file: of every 20 files the 1st is
     test, the 11th val, the rest train."""
@@ -168,8 +197,9 @@ def lm_corpus(settings: dict, folder: Path):
         joined = {split: f"\n{EOS}\n".join(parts) for split, parts in texts.items()}  # documents kept apart
     else:
         from transformers import AutoTokenizer
-        tokenizer = AutoTokenizer.from_pretrained(require(GPT2_TOKENIZER, "the GPT-2 tokenizer"))
         text = require(SHAKESPEARE, "Tiny Shakespeare").read_text(encoding="utf-8")
+        tokenizer = (character_tokenizer(text) if settings.get("tokenizer") == "characters" else
+                     AutoTokenizer.from_pretrained(require(GPT2_TOKENIZER, "the GPT-2 tokenizer")))
         joined = dict(zip(SPLITS, split_text(text, (0.9, 0.05, 0.05))))
         texts = {split: [part] for split, part in joined.items()}
     for split, part in joined.items():

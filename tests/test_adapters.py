@@ -97,6 +97,81 @@ def test_sliding_windows_are_at_work_in_the_tiny_variants(loaded, kind, tmp_path
         models.check_compatible(loaded[kind], full)
 
 
+def _breaks(source, graph, t, kind) -> float:
+    moved = models.instantiate(symmetry.apply(graph, t), source)
+    return checks.max_diff(source.model, moved, tiny.example_inputs(kind))
+
+
+def _maps(graph, draw) -> list:
+    return [torch.stack([draw(i, g) for g in range(graph.spec.n_kv_heads)]).float() for i in range(graph.spec.n_layers)]
+
+
+@pytest.mark.parametrize("kind", ["olmo2_gqa", "olmo2_tied_bias", "gemma2_gqa_tied"])
+def test_post_norm_gains_allow_only_signed_permutations(loaded, kind):
+    """A gain after a norm on every residual write: a signed permutation of the stream (gains permuted) is exact,
+    a rotation is not, and neither is the signed permutation with the gains left in place."""
+    source = loaded[kind]
+    graph = models.canonicalise(source)
+    assert graph.spec.residual == "signed_permutation" and not graph.spec.scale_exact
+    gen = torch.Generator().manual_seed(0)
+    signed = Transform.identity(graph.spec)
+    signed.rotation = symmetry.random_signed_permutation(graph.spec.d_model, gen).float()
+    assert _breaks(source, graph, signed, kind) <= 1e-4
+    rotated = Transform.identity(graph.spec)
+    rotated.rotation = symmetry.random_orthogonal(graph.spec.d_model, gen).float()
+    assert _breaks(source, graph, rotated, kind) > 1e-2
+    moved = symmetry.apply(graph, signed)
+    gains_kept = moved.replace({**moved.params, **{k: v for k, v in graph.params.items() if k.endswith("post_norm")}})
+    assert checks.max_diff(source.model, models.instantiate(gains_kept, source), tiny.example_inputs(kind)) > 1e-2
+
+
+@pytest.mark.parametrize("kind", ["qwen3_gqa_tied", "qwen3_bias", "olmo2_gqa", "olmo2_tied_bias"])
+def test_qk_norm_rules_out_qk_maps(loaded, kind):
+    """QK-norm with a gain: a RoPE-compatible QK map breaks the function, an OV map does not; what is left of the QK
+    maps is a sign per RoPE pair (a rotation by pi), exact but unused.  Qwen3 keeps the residual rotation."""
+    source = loaded[kind]
+    graph = models.canonicalise(source)
+    spec = graph.spec
+    assert not spec.qk_maps and spec.ov_maps and spec.qk_norm in ("head", "projection")
+    qk = Transform.identity(spec)
+    qk.qk_maps = _maps(graph, lambda i, g: symmetry.random_qk_map(spec, torch.Generator().manual_seed(10 * i + g)))
+    assert _breaks(source, graph, qk, kind) > 1e-2
+    signs = Transform.identity(spec)
+    flips = [torch.diag(torch.tensor([(-1.0) ** ((j % (spec.head_dim // 2)) + i + g) for j in range(spec.head_dim)]))
+             for i in range(2) for g in range(spec.n_kv_heads)]
+    signs.qk_maps = _maps(graph, lambda i, g: flips[i * spec.n_kv_heads + g])
+    assert _breaks(source, graph, signs, kind) <= 1e-4
+    ov = Transform.identity(spec)
+    ov.ov_maps = symmetry.random_transform(spec, seed=5).ov_maps
+    assert all(m is not None for m in ov.ov_maps) and _breaks(source, graph, ov, kind) <= 1e-4
+    rotated = Transform.identity(spec)
+    rotated.rotation = symmetry.random_orthogonal(spec.d_model, torch.Generator().manual_seed(1)).float()
+    assert (_breaks(source, graph, rotated, kind) <= 1e-4) == (spec.residual == "orthogonal")
+    if spec.qk_norm == "projection":  # the gain per coordinate must move with its head
+        perm = Transform.identity(spec)
+        perm.head_perm = symmetry.random_transform(spec, seed=3).head_perm
+        moved = symmetry.apply(graph, perm)
+        stale = moved.replace({**moved.params, **{k: v for k, v in graph.params.items() if k.endswith(("q_norm",
+                                                                                                        "k_norm"))}})
+        assert checks.max_diff(source.model, models.instantiate(stale, source), tiny.example_inputs(kind)) > 1e-2
+
+
+def test_soft_capping_keeps_the_qk_maps(loaded):
+    """Gemma-2's attention soft-capping acts on q·k, which a QK map leaves alone; a map that is not one breaks it."""
+    source = loaded["gemma2_gqa_tied"]
+    graph = models.canonicalise(source)
+    spec = graph.spec
+    assert spec.qk_maps and spec.ov_maps
+    qk = Transform.identity(spec)
+    qk.qk_maps = _maps(graph, lambda i, g: symmetry.random_qk_map(spec, torch.Generator().manual_seed(10 * i + g)))
+    assert _breaks(source, graph, qk, "gemma2_gqa_tied") <= 1e-4
+    bad = Transform.identity(spec)
+    bad.qk_maps = [m.clone() for m in qk.qk_maps]
+    for m in bad.qk_maps:
+        m[:, 0, 1] += 0.5  # mixes two rotary pairs' coordinates: no longer commutes with RoPE
+    assert _breaks(source, graph, bad, "gemma2_gqa_tied") > 1e-3
+
+
 def test_gqa_head_permutation_must_keep_groups(loaded):
     spec = models.canonicalise(loaded["llama_gqa_tied"]).spec
     assert spec.n_kv_heads == 2 and spec.group_size == 2
@@ -113,6 +188,11 @@ def test_random_elements_respect_declared_constraints(loaded):
             ones = torch.ones(spec.d_model)
             assert torch.allclose((ones @ t.rotation).abs(), ones, atol=1e-5)
         assert torch.allclose(t.rotation @ t.rotation.T, torch.eye(spec.d_model), atol=1e-5)
+        if spec.residual == "signed_permutation":  # one ±1 per row and column
+            assert torch.equal(t.rotation.abs().sum(0), torch.ones(spec.d_model))
+            assert torch.equal(t.rotation.abs().sum(1), torch.ones(spec.d_model))
+        assert all((m is None) != spec.qk_maps for m in t.qk_maps)
+        assert all((m is None) != spec.ov_maps for m in t.ov_maps)
         for m in t.qk_maps:
             if m is None:
                 continue
@@ -134,11 +214,11 @@ def test_transform_serialises(loaded):
 
 def test_unsupported_class_says_why(tmp_path):
     import transformers
-    config = transformers.Olmo2Config(hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
+    config = transformers.Olmo3Config(hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
                                       intermediate_size=32, vocab_size=50, pad_token_id=1, bos_token_id=None,
                                       eos_token_id=2)
-    transformers.Olmo2ForCausalLM(config).save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedModelError, match="QK-norm.*post-norm"):
+    transformers.Olmo3ForCausalLM(config).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match="QK-norm and post-norm"):
         models.load(tmp_path)
 
 
@@ -204,6 +284,12 @@ def test_inspect_command(tiny_dirs, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["architecture"] == "OlmoForCausalLM" and info["parameters"] > 0
     assert any("clip_qkv" in line for line in info["symmetry_group"])
+    assert main(["inspect", str(tiny_dirs["olmo2_gqa"]), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    group = "\n".join(info["symmetry_group"])
+    assert "residual: signed permutations of the 32 coordinates only" in group
+    assert "QK maps: none (q_norm/k_norm normalise the whole projection" in group and "OV maps (per KV group" in group
+    assert any("signed permutations" in note and "q_norm/k_norm" in note for note in info["notes"])
     assert main(["inspect", str(tiny_dirs["gpt_neox"].parent)]) == 2
     assert "not a model folder" in capsys.readouterr().err
 

@@ -147,6 +147,9 @@ def outputs_of(graph, template, x):
     ("llama_gqa_tied", "dual", "plain"),  # GQA, SwiGLU scales, not centred
     ("vit", "lm", "plain"),  # image classifier, centred, no RoPE
     ("olmo_clip_qkv", "lm", "absorbed"),  # no per-head maps
+    ("qwen3_gqa_tied", "lm", "plain"),  # QK-norm: OV maps only, the residual rotation
+    ("olmo2_gqa", "dual", "plain"),  # post-norms: a fixed signed permutation, OV maps, QK-norm gains permuted
+    ("gemma2_gqa_tied", "dual", "absorbed"),  # post-norms, soft-capping: fixed residual, QK and OV maps
 ])
 def test_learned_transforms_are_exact_symmetries(kind, method, init, tiny_dirs, tmp_path):
     template, a = graph_of(tiny_dirs[kind])
@@ -159,7 +162,12 @@ def test_learned_transforms_are_exact_symmetries(kind, method, init, tiny_dirs, 
                              eval_every=0, inv="polar" if init == "plain" else "direct",
                              orth="expm" if kind == "vit" else "cayley")
     result = learn_transforms(a, b, template, data, None, settings, progress=False, wm=start)
-    assert (result.transform_b.rotation - start.transform_b.rotation).abs().max() > 1e-3  # it did learn
+    if a.spec.residual == "signed_permutation":  # a discrete residual group: kept as it started, the maps learned
+        assert torch.equal(result.transform_b.rotation, start.transform_b.rotation)
+        assert (result.transform_b.ov_maps[0] - start.transform_b.ov_maps[0]).abs().max() > 1e-3  # it did learn
+    else:
+        assert (result.transform_b.rotation - start.transform_b.rotation).abs().max() > 1e-3  # it did learn
+    assert all((m is None) != b.spec.qk_maps for m in result.transform_b.qk_maps)
     x = tiny.example_inputs(kind, seed=4)
     b_loaded = models.load(b_dir)
     for graph, transform, loaded in ((a, result.transform_a, template), (b, result.transform_b, b_loaded)):
@@ -220,7 +228,8 @@ def test_dirichlet_weights_of_an_n_way_plan():
     assert uniform.lam(17) == StepPlan(100, 8, 3, (0.0, 1.0), 3, 1).lam(17)  # a function of (seed, step)
 
 
-@pytest.mark.parametrize("kind,method", [("llama_gqa_tied", "dual"), ("vit", "lm"), ("gpt_neox", "dual")])
+@pytest.mark.parametrize("kind,method", [("llama_gqa_tied", "dual"), ("vit", "lm"), ("gpt_neox", "dual"),
+                                         ("gemma2_gqa_tied", "lm")])
 def test_n_way_learned_transforms_are_exact_symmetries(kind, method, tiny_dirs, tmp_path):
     from hf_rebasin.match.params import SymmetryParams
     template, first = graph_of(tiny_dirs[kind])
@@ -233,8 +242,12 @@ def test_n_way_learned_transforms_are_exact_symmetries(kind, method, tiny_dirs, 
     transforms, log = result.transforms, result.log
     learned = [0, 1, 2] if method == "dual" else [1, 2]
     assert len(log) >= 3 and all(len(entry["lambda"]) == 3 for entry in log if "lambda" in entry)
+    discrete = first.spec.residual == "signed_permutation"  # then kept as it started; the OV maps show the learning
     for k in range(3):
-        moved = float((transforms[k].rotation - start[k].rotation).abs().max())
+        if discrete:
+            assert torch.equal(transforms[k].rotation, start[k].rotation)
+        moved = float((transforms[k].ov_maps[0] - start[k].ov_maps[0]).abs().max() if discrete
+                      else (transforms[k].rotation - start[k].rotation).abs().max())
         assert (moved > 1e-3) == (k in learned), (k, moved)  # lm keeps model 0's frame
     x = tiny.example_inputs(kind, seed=4)
     for d, graph, transform in zip(dirs, graphs, transforms):

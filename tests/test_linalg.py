@@ -39,3 +39,21 @@ def test_assignment_is_optimal_and_the_solvers_agree(monkeypatch):
         found[solver] = linalg.assignment(big)
     assert sorted(found["lapjv"].tolist()) == list(range(len(big)))
     assert torch.equal(found["scipy"], found["lapjv"])
+
+
+def test_best_signed_permutation_is_the_maximiser_of_the_overlap():
+    """tr(G^T M) + tr(|G|^T M_gain) over the signed permutations: the assignment on |M| + M_gain with the signs of
+    the matched entries equals the brute-force optimum over all 2^d d! elements, and recovers a planted one."""
+    gen = torch.Generator().manual_seed(0)
+    d = 4
+    for _ in range(5):
+        m, m_gain = torch.randn(d, d, generator=gen, dtype=torch.float64), torch.rand(d, d, generator=gen,
+                                                                                      dtype=torch.float64)
+        overlap = lambda g, m=m, m_gain=m_gain: float((g * m).sum() + (g.abs() * m_gain).sum())
+        best = max(overlap(torch.eye(d, dtype=torch.float64)[list(p)] * torch.tensor(s, dtype=torch.float64)[:, None])
+                   for p in itertools.permutations(range(d)) for s in itertools.product((-1.0, 1.0), repeat=d))
+        g = linalg.best_signed_permutation_matrix(m, m_gain)
+        assert torch.equal(g.abs().sum(0), torch.ones(d, dtype=torch.float64)) and overlap(g) == pytest.approx(best)
+    planted = symmetry.random_signed_permutation(16, gen)
+    noisy = planted + 0.1 * torch.randn(16, 16, generator=gen, dtype=torch.float64)
+    assert torch.equal(linalg.best_signed_permutation_matrix(noisy, torch.zeros(16, 16, dtype=torch.float64)), planted)

@@ -20,11 +20,7 @@ discover()
 
 # Classes users will try, with the reason no exact alignment exists for them.
 UNSUPPORTED: dict[str, str] = {
-    "Olmo2ForCausalLM": "OLMo-2 normalises q and k with RMSNorm over all heads at once (QK-norm) and "
-                        "puts its norms after attention/FFN (post-norm), on the residual path itself; "
-                        "neither commutes with the residual rotation or the per-head maps",
-    "Olmo3ForCausalLM": "OLMo-3 uses QK-norm and post-norm like OLMo-2",
-    "Qwen3ForCausalLM": "Qwen3 applies per-head RMSNorm to q and k (QK-norm), which breaks the QK maps",
+    "Olmo3ForCausalLM": "OLMo-3 uses QK-norm and post-norm like OLMo-2 and sliding-window layers; not yet adapted",
 }
 
 

@@ -41,6 +41,10 @@ class Adapter:
     # the concatenated head outputs ("attn_out"), the FFN hidden activations ("ffn_hidden"), the stream
     # entering the final norm ("final") -- for activation matching
     modules: ClassVar[dict[str, str]] = {}
+    # norms whose gains the canonical form keeps (exported as they are), by a fragment of their parameter names; every
+    # other norm is exported with unit gain, which a stored weight of `unit_gain` means (1; Gemma's 1 + w: 0)
+    kept_gains: ClassVar[tuple[str, ...]] = ()
+    unit_gain: ClassVar[float] = 1.0
     # tiny variants for tests and demos: name -> config keyword arguments (timm: create_model arguments)
     tiny: ClassVar[dict[str, dict]] = {}
 

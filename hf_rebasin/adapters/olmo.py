@@ -30,8 +30,8 @@ class Olmo(Llama):
         if config.tie_word_embeddings:
             notes.append("tied embeddings kept as two tensors in the export (tie_word_embeddings=False): "
                          "the residual rotation acts on them as a write and a read")
-        return super().spec(config, centred=True, head_maps=not clipped, scale_exact=False, notes=tuple(notes),
-                            **overrides)
+        return super().spec(config, centred=True, qk_maps=not clipped, ov_maps=not clipped, scale_exact=False,
+                            notes=tuple(notes), **overrides)
 
     def config_facts(self, config) -> dict:
         return {**super().config_facts(config), "clip_qkv": config.clip_qkv}

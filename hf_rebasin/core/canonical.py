@@ -13,6 +13,13 @@ symmetry constraints its architecture imposes) and a flat ``dict`` of tensors ke
     head.weight / head.bias    READ    (d, n_out) / (n_out)
     final_norm.bias            a bias that has to stay inside the final norm (d), when the
                                reader after it has no bias to absorb it into
+    layers.<i>.attn.post_norm  GAIN    (d): post-sublayer norms (OLMo-2, Gemma-2): the sublayer's
+    layers.<i>.mlp.post_norm           output goes through a parameter-free RMSNorm and this gain
+                                       before it is added to the stream (Spec.residual is then
+                                       "signed_permutation": the gain cannot be absorbed)
+    layers.<i>.attn.q_norm|k_norm      QK-norm gains, kept: over each head's dims and shared by the
+                               heads (Spec.qk_norm "head", Qwen3) or over the whole projection
+                               (Spec.qk_norm "projection", OLMo-2: permuted with the heads)
 
 The norms themselves carry no parameters; their epsilon is ``Graph.norm_eps``.
 Every adapter maps its checkpoint to this form and back exactly (docs/design.md §2).
@@ -27,6 +34,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 WRITE_SUFFIXES = ("attn.o", "attn.o_bias", "mlp.down", "mlp.down_bias")
+GAIN_SUFFIXES = ("attn.post_norm", "mlp.post_norm")
 READ_SUFFIXES = ("attn.q", "attn.k", "attn.v", "mlp.up", "mlp.gate")
 
 
@@ -46,11 +54,19 @@ class Spec:
     rotary_dims: int = 0  # rotary dimensions per head (0: no RoPE)
     rotary_layout: str = "half"  # "half": rotate_half pairs i with i + rotary_dims/2
     centred: bool = False  # exported with LayerNorm: the stream must stay centred, G·1 = ±1
-    head_maps: bool = True  # per-head QK/OV maps are exact symmetries (False with clip_qkv)
+    qk_maps: bool = True  # per-head QK maps are exact symmetries (False: clip_qkv, QK-norm with gains)
+    ov_maps: bool = True  # per-head OV maps are exact symmetries (False: clip_qkv)
+    residual: str = "orthogonal"  # the residual group: "orthogonal" or "signed_permutation" (post-norm gains)
+    qk_norm: str = "none"  # QK-norm gains kept: "none", "head" (shared by the heads), "projection" (per coordinate)
     scale_exact: bool = True  # the norm eps can be rescaled in the exported config (g != 1 exact)
     embeddings: tuple[str, ...] = ("tok",)  # names of the embed.* write tensors
     token_embedding: str | None = "tok"  # the embedding indexed by vocabulary (None for ViT)
     notes: tuple[str, ...] = ()  # caveats of the round trip (for inspect and model cards)
+
+    @property
+    def head_maps(self) -> bool:
+        """Some per-head map (QK or OV) is a symmetry."""
+        return self.qk_maps or self.ov_maps
 
     @property
     def group_size(self) -> int:
@@ -159,7 +175,7 @@ def layer_key(i: int, name: str) -> str:
 
 
 def residual_role(key: str) -> str | None:
-    """How a tensor reacts to the residual rotation: 'write', 'read', 'norm_bias' or None."""
+    """How a tensor reacts to the residual rotation: 'write', 'read', 'norm_bias', 'gain' or None."""
     if key.startswith("embed."):
         return "write"
     if key == "head.weight":
@@ -172,6 +188,8 @@ def residual_role(key: str) -> str | None:
             return "write"
         if suffix in READ_SUFFIXES:
             return "read"
+        if suffix in GAIN_SUFFIXES:
+            return "gain"
     return None
 
 

@@ -116,6 +116,9 @@ def transform_layer(params: dict[str, Tensor], i: int, spec: Spec, t: Transform,
                 if key(f"attn.{name}{suffix}") in p:
                     p[key(f"attn.{name}{suffix}")] = _permute_heads(p[key(f"attn.{name}{suffix}")], heads, hd, -1)
         p[key("attn.o")] = _permute_heads(p[key("attn.o")], perm, hd, 0)
+        if spec.qk_norm == "projection":  # a QK-norm gain per coordinate of the projection moves with its head
+            for name, heads in (("q_norm", perm), ("k_norm", kv_perm)):
+                p[key(f"attn.{name}")] = _permute_heads(p[key(f"attn.{name}")], heads, hd, -1)
 
     # the maps are inverted by inv_ex: invertible by construction, and no error check that would make the host
     # wait for a GPU; the inverses are small fp32 matrices (CUDA has no bf16 linalg), applied by matmuls, which
@@ -170,6 +173,11 @@ def rotate_residual(key: str, value: Tensor, t: Transform) -> Tensor:
         return g_rot.T @ value
     if g_rot is not None and role == "norm_bias":
         return value @ g_rot
+    if role == "gain":
+        # a post-norm gain w: RMSNorm(y)·diag(w)·G = RMSNorm(y G)·diag(w |G|) for a signed permutation G (only);
+        # its norm reads the write, scaled by g with eps g², so the gain carries g
+        value = value if g_rot is None else value @ g_rot.abs()
+        return value if isinstance(g, (int, float)) and g == 1.0 else value * g
     return value
 
 
@@ -254,6 +262,12 @@ def random_rotation_fixing_ones(d: int, gen: torch.Generator, dtype=torch.float6
     return basis @ inner @ basis.T
 
 
+def random_signed_permutation(d: int, gen: torch.Generator, dtype=torch.float64) -> Tensor:
+    """G with one ±1 per row and column: a random permutation, each coordinate's sign flipped with probability 1/2."""
+    signs = torch.where(torch.rand(d, generator=gen) < 0.5, -1.0, 1.0).to(dtype)
+    return torch.eye(d, dtype=dtype)[torch.randperm(d, generator=gen)] * signs[:, None]
+
+
 def rotary_pairs(spec: Spec) -> list[tuple[int, int]]:
     """Index pairs (within a head) that RoPE rotates together."""
     r = spec.rotary_dims
@@ -293,7 +307,9 @@ def random_transform(spec: Spec, seed: int = 0, dtype=torch.float32, scale: floa
     """A random element of the group the spec allows (every factor non-trivial where allowed)."""
     gen = torch.Generator().manual_seed(seed)
     d, L = spec.d_model, spec.n_layers
-    if spec.centred:
+    if spec.residual == "signed_permutation":
+        rotation = random_signed_permutation(d, gen)
+    elif spec.centred:
         sign = 1 if torch.rand((), generator=gen) < 0.5 else -1
         rotation = random_rotation_fixing_ones(d, gen, sign=sign)
     else:
@@ -306,13 +322,10 @@ def random_transform(spec: Spec, seed: int = 0, dtype=torch.float32, scale: floa
         kv = torch.randperm(spec.n_kv_heads, generator=gen)
         within = [torch.randperm(gs, generator=gen) for _ in range(spec.n_kv_heads)]
         t.head_perm.append(torch.cat([kv[j] * gs + within[j] for j in range(spec.n_kv_heads)]))
-        if spec.head_maps:
-            t.qk_maps.append(torch.stack([random_qk_map(spec, gen) for _ in range(spec.n_kv_heads)]).to(dtype))
-            t.ov_maps.append(torch.stack([_well_conditioned(spec.head_dim, gen, torch.float64)
-                                          for _ in range(spec.n_kv_heads)]).to(dtype))
-        else:
-            t.qk_maps.append(None)
-            t.ov_maps.append(None)
+        t.qk_maps.append(torch.stack([random_qk_map(spec, gen) for _ in range(spec.n_kv_heads)]).to(dtype)
+                         if spec.qk_maps else None)
+        t.ov_maps.append(torch.stack([_well_conditioned(spec.head_dim, gen, torch.float64)
+                                      for _ in range(spec.n_kv_heads)]).to(dtype) if spec.ov_maps else None)
         t.ffn_perm.append(torch.randperm(spec.ffn_dim, generator=gen))
         if spec.glu:
             signs = torch.where(torch.rand(spec.ffn_dim, generator=gen) < 0.5, -1.0, 1.0)
@@ -327,30 +340,39 @@ def describe_group(spec: Spec) -> list[str]:
     """Human-readable summary of the symmetry group hf-rebasin uses for this spec."""
     d, hd = spec.d_model, spec.head_dim
     lines = []
-    if spec.centred:
+    if spec.residual == "signed_permutation":
+        lines.append(f"residual: signed permutations of the {d} coordinates only, shared by all layers (a gain "
+                     "after a norm on every residual write: for generic gains no other orthogonal map passes it)")
+    elif spec.centred:
         lines.append(f"residual rotation: orthogonal {d}x{d} fixing the all-ones direction (G·1 = ±1, "
                      "LayerNorm export keeps the stream centred), shared by all layers")
     else:
         lines.append(f"residual rotation: any orthogonal {d}x{d}, shared by all layers")
+    kept = spec.residual != "orthogonal" or spec.qk_norm != "none"
     lines.append("residual scale g: exact (norm eps rescaled in the exported config)" if spec.scale_exact
-                 else "residual scale g: fixed to 1 (the exported norm eps cannot be rescaled)")
+                 else "residual scale g: fixed to 1 (" + ("not exact with the kept norm gains: see the notes" if kept
+                                                          else "the exported norm eps cannot be rescaled") + ")")
     if spec.n_kv_heads == spec.n_heads:
         lines.append(f"head permutations: {spec.n_heads} heads per layer, {spec.n_layers} layers")
     else:
         lines.append(f"head permutations: {spec.n_kv_heads} KV groups of {spec.group_size} query heads (GQA), "
                      "groups permuted whole, query heads within a group")
-    if not spec.head_maps:
-        lines.append("QK maps: none (clip_qkv clamps q, k, v elementwise, which no head-dim map commutes with)")
-        lines.append("OV maps: none (clip_qkv)")
+    owner = "per head" if spec.group_size == 1 else "per KV group, shared by its query heads"
+    if not spec.qk_maps:
+        why = {"none": "clip_qkv clamps q and k elementwise, which no head-dim map commutes with",
+               "head": "q_norm/k_norm normalise each head and then apply a gain, which no head-dim map commutes with",
+               "projection": "q_norm/k_norm normalise the whole projection and then apply a gain per coordinate, "
+                             "which no head-dim map commutes with"}[spec.qk_norm]
+        lines.append(f"QK maps: none ({why})")
     else:
-        owner = "per head" if spec.group_size == 1 else "per KV group, shared by its query heads"
         if spec.rotary_dims:
             lines.append(f"QK maps ({owner}): {spec.free_head_dims} of {hd} head dims free, "
                          f"{spec.rotary_dims} restricted by RoPE to scaled rotations per frequency pair "
                          f"({spec.rotary_layout} layout)")
         else:
             lines.append(f"QK maps ({owner}): any invertible {hd}x{hd} (no RoPE)")
-        lines.append(f"OV maps ({owner}): any invertible {hd}x{hd}")
+    lines.append(f"OV maps ({owner}): any invertible {hd}x{hd}" if spec.ov_maps
+                 else "OV maps: none (clip_qkv clamps v elementwise)")
     lines.append(f"FFN permutations: {spec.ffn_dim} hidden units per layer")
     if spec.glu:
         lines.append(f"GLU value scaling: {spec.ffn_dim} nonzero scales per layer (up times s, down rows "

@@ -15,7 +15,7 @@ remaining wide heads are zero-output heads (zero Q/K/V columns, zero O rows).  N
 dims; RoPE pairs only to wide pairs of the same frequency theta^(-2i/r) (the rotary base and scaling must be
 the same: settings the adapters resolve by meaning, checked when models are loaded), pass-through dims to wide
 pass-through dims; the unused dims are zero.  The softmax scale 1/sqrt(head_dim) changes by sqrt(hd_w/hd_n),
-absorbed into Q (a QK map, so refused where head_maps is False, i.e. OLMo's clip_qkv clamp).  FFN: extra units
+absorbed into Q (a QK map, so refused where qk_maps is False, i.e. OLMo's clip_qkv clamp).  FFN: extra units
 have zero in- and out-weights and zero biases.  Clamps (clip_qkv) keep zeros at zero, so padding stays exact.
 """
 from __future__ import annotations
@@ -32,9 +32,21 @@ from .symmetry import random_rotation_fixing_ones, rotary_pairs
 
 # fields that must be equal (what no embedding can bridge), and sizes the narrow model may not exceed
 SAME = ("architecture", "n_layers", "n_out", "glu", "embeddings", "token_embedding", "centred", "scale_exact",
-        "head_maps")
+        "qk_maps", "ov_maps", "residual", "qk_norm")
 NOT_LARGER = ("d_model", "ffn_dim", "head_dim")
-WHY_SAME = {"n_out": " (vocabulary size or number of classes)", "head_maps": " (clip_qkv set in one model only)"}
+WHY_SAME = {"n_out": " (vocabulary size or number of classes)", "qk_maps": " (clip_qkv set in one model only)"}
+
+
+def no_exact_embedding(spec: Spec) -> str | None:
+    """Why no width embedding of this structure is exact (None where the one above is): kept norm gains."""
+    if spec.residual != "orthogonal":
+        return (f"{spec.architecture} adds RMSNorm(y) times a kept gain to the stream (post-sublayer norms): the "
+                "norm's mean over d and its gain per coordinate leave no exact embedding into a wider stream here; "
+                "merge models of one width")
+    if spec.qk_norm != "none":
+        return (f"{spec.architecture} normalises q and k with a kept gain (QK-norm): a wider head_dim changes that "
+                "norm's mean and the head's dims cannot be padded exactly here; merge models of one width")
+    return None
 
 
 @dataclass(frozen=True)
@@ -102,17 +114,20 @@ def plan(narrow: Spec, wide: Spec) -> Plan:
         if a != b:
             raise IncompatibleModelsError(f"{name}: {a} vs {b}{WHY_SAME.get(name, '')}: the narrow model cannot be "
                                           f"embedded in the wide one (the two must agree in {name})")
+    why = no_exact_embedding(wide)
+    if why:
+        raise UnsupportedModelError(why)
     for name in NOT_LARGER:
         a, b = getattr(narrow, name), getattr(wide, name)
         if a > b:
             raise IncompatibleModelsError(f"{name}: {a} vs {b}: the model to embed is wider than the target")
     dims = _head_dims(narrow, wide)
     slot, source = _heads(narrow, wide)
-    if narrow.head_dim != wide.head_dim and not wide.head_maps:
+    if narrow.head_dim != wide.head_dim and not wide.qk_maps:
         raise UnsupportedModelError(
             f"head_dim: {narrow.head_dim} vs {wide.head_dim}: the softmax scale changes by "
             f"sqrt({wide.head_dim}/{narrow.head_dim}), which must be absorbed into Q (a QK map), and this model "
-            "allows no QK maps (head_maps=False: clip_qkv clamps q elementwise). Keep head_dim, add heads instead")
+            "allows no QK maps (qk_maps=False: clip_qkv clamps q elementwise). Keep head_dim, add heads instead")
     return Plan(slot, source, dims, math.sqrt(wide.head_dim / narrow.head_dim))
 
 

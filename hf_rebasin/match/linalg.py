@@ -79,6 +79,19 @@ def best_permutation_matrix(score: Tensor) -> Tensor:
     return p
 
 
+def best_signed_permutation_matrix(signed: Tensor, unsigned: Tensor | None = None) -> Tensor:
+    """The signed permutation G maximising tr(G^T signed) + tr(|G|^T unsigned).
+
+    G[i, π(i)] = s_i contributes s_i·signed[i, π(i)] + unsigned[i, π(i)]; the best sign is that of
+    signed[i, π(i)], worth |signed[i, π(i)]|, so π is the assignment on |signed| + unsigned and the signs follow."""
+    score = signed.abs() if unsigned is None else signed.abs() + unsigned
+    perm = assignment(score)
+    rows = torch.arange(len(perm))
+    g = torch.zeros_like(signed)
+    g[rows, perm] = torch.where(signed[rows, perm] < 0, -1.0, 1.0).to(signed.dtype)
+    return g
+
+
 def balance(left: Tensor, right: Tensor) -> Tensor:
     """The map M (f, f) that balances the factorisation left @ right^T of a circuit:
     left M and right M^-T become U S^½ and V S^½ (an SVD of the circuit), so that both factors carry

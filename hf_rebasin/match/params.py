@@ -5,12 +5,14 @@ forward pass never projects: whatever the optimiser does, the value is an exact 
 
     orthogonal G        Q0 · cayley(S)   or   Q0 · expm(S)      S skew (zero at the start), Q0 the fixed start
     G fixing 1 (LN)     Q R Q^T + s·11^T/d                      R orthogonal on the complement of 1
+    signed permutation  not trained: kept as weight matching chose it (a discrete residual group, post-norms)
     invertible maps     polar:  Q · L L^T  (Q orthogonal, L lower-triangular, positive diagonal)
                         expm:   M0 · expm(X)   (M0 the fixed start; exp does not cover GL)
                         direct: M = X      (any matrix; invertible in practice near the start)
     RoPE pairs          r · [[cos a, sin a], [-sin a, cos a]]   per frequency pair, r = exp(rho)
     scales (g, GLU)     s0 · exp(rho)       (the sign of s0 is kept)
     permutations        kept as weight matching chose them (buffers on the parameters' device)
+    QK / OV maps        only the kinds the spec allows (Spec.qk_maps, Spec.ov_maps)
 
 Each module starts exactly at a given group element (identity for the absorbed init, the
 weight-matching solution for the plain one); tests check the start is reproduced.
@@ -89,6 +91,18 @@ class OnesFixingOrthogonal(nn.Module):
 
     def forward(self) -> Tensor:
         return self.basis @ self.inner() @ self.basis.T + self.sign * (self.ones @ self.ones.T)
+
+
+class FixedResidual(nn.Module):
+    """A residual element that is not trained: where the residual group is discrete (signed permutations), the
+    element weight matching chose (or the identity) stays as it is."""
+
+    def __init__(self, d: int, start: Tensor | None = None):
+        super().__init__()
+        self.register_buffer("matrix", torch.eye(d) if start is None else start.detach().float().clone())
+
+    def forward(self) -> Tensor:
+        return self.matrix
 
 
 # --- invertible maps -----------------------------------------------------------------------------
@@ -244,16 +258,19 @@ class SymmetryParams(nn.Module):
         start = start or Transform.identity(spec)
         self.spec = spec
         n_layers, groups, hd = spec.n_layers, spec.n_kv_heads, spec.head_dim
-        if spec.centred:
+        if spec.residual == "signed_permutation":
+            self.rotation = FixedResidual(spec.d_model, start.rotation)
+        elif spec.centred:
             self.rotation = OnesFixingOrthogonal(spec.d_model, orth, start.rotation)
         else:
             self.rotation = Orthogonal(spec.d_model, (), orth, start.rotation)
         self.scale = PositiveScale(float(start.scale)) if spec.scale_exact else None
         self.fixed_scale = float(start.scale)
         self.qk = self.ov = self.glu = None
-        if spec.head_maps:
-            eye = torch.eye(hd).expand(groups, hd, hd)
+        eye = torch.eye(hd).expand(groups, hd, hd)
+        if spec.qk_maps:
             self.qk = HeadMaps((n_layers, groups), hd, rotary_pairs(spec), inv, orth, _stacked(start.qk_maps, eye))
+        if spec.ov_maps:
             self.ov = HeadMaps((n_layers, groups), hd, [], inv, orth, _stacked(start.ov_maps, eye))
         if spec.glu:
             s0 = _stacked(start.glu_scale, torch.ones(spec.ffn_dim))

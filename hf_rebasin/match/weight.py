@@ -21,7 +21,15 @@ from ..core.canonical import Graph, Spec, layer_key, residual_role
 from ..core.symmetry import Transform, apply, rotary_pairs, rotate_residual, transform_layer
 from ..progress import tqdm
 from .alignment import Alignment
-from .linalg import assignment, balance, best_permutation_matrix, procrustes, procrustes_fixing_ones, rotation_2d
+from .linalg import (
+    assignment,
+    balance,
+    best_permutation_matrix,
+    best_signed_permutation_matrix,
+    procrustes,
+    procrustes_fixing_ones,
+    rotation_2d,
+)
 
 # --- per-head views --------------------------------------------------------------------------
 
@@ -156,7 +164,8 @@ def _group_circuits(factors, spec: Spec, g: int):
     return qk, ov
 
 
-def balance_maps(p: dict, i: int, spec: Spec) -> tuple[Tensor, Tensor]:
+def balance_maps(p: dict, i: int, spec: Spec) -> tuple[Tensor | None, Tensor | None]:
+    """The balancing QK and OV maps of layer i (None for a kind of map the spec does not allow)."""
     qk_dims, ov_dims = _map_dims(spec, True), _map_dims(spec, False)
     qk, ov = [], []
     factors = head_factors(p, i, spec)
@@ -164,11 +173,12 @@ def balance_maps(p: dict, i: int, spec: Spec) -> tuple[Tensor, Tensor]:
         (ql, qr), (vl, vr) = _group_circuits(factors, spec, g)
         qk.append(constrained_balance(ql, qr, qk_dims))
         ov.append(constrained_balance(vl, vr, ov_dims))
-    return torch.stack(qk), torch.stack(ov)
+    return (torch.stack(qk) if spec.qk_maps else None), (torch.stack(ov) if spec.ov_maps else None)
 
 
-def fit_maps(pa: dict, pb: dict, i: int, spec: Spec) -> tuple[Tensor, Tensor]:
-    """B's per-group QK and OV maps: balance, then the best orthogonal map onto A's balanced heads."""
+def fit_maps(pa: dict, pb: dict, i: int, spec: Spec) -> tuple[Tensor | None, Tensor | None]:
+    """B's per-group QK and OV maps: balance, then the best orthogonal map onto A's balanced heads (None for a
+    kind of map the spec does not allow)."""
     qk_dims, ov_dims = _map_dims(spec, True), _map_dims(spec, False)
     maps = {"qk": [], "ov": []}
     factors_a, factors_b = head_factors(pa, i, spec), head_factors(pb, i, spec)
@@ -179,13 +189,15 @@ def fit_maps(pa: dict, pb: dict, i: int, spec: Spec) -> tuple[Tensor, Tensor]:
             lb_m, rb_m = lb @ m, rb @ torch.linalg.inv(m).T
             o = constrained_orthogonal(lb_m.T @ la + rb_m.T @ ra, dims)
             maps[name].append(m @ o)
-    return torch.stack(maps["qk"]), torch.stack(maps["ov"])
+    return (torch.stack(maps["qk"]) if spec.qk_maps else None), (torch.stack(maps["ov"]) if spec.ov_maps else None)
 
 
 # --- residual ------------------------------------------------------------------------------
 
 def residual_cross(pa: dict, pb: dict) -> Tensor:
-    """M with tr(G^T M) = sum of <B-tensor rotated by G, A-tensor> over every residual-facing tensor.
+    """M (2, d, d) with tr(G^T M[0]) + tr(|G|^T M[1]) = sum of <B-tensor under G, A-tensor> over every
+    residual-facing tensor: M[0] from the writes and reads (which G rotates), M[1] from the post-norm gains
+    (which a signed permutation G only permutes, w -> w |G|; zero where a spec has none).
 
     Plain Frobenius inner products, so G maximises exactly the overlap that relative_distance
     measures.  (Normalising each tensor to count alike gave the small positional embedding and the
@@ -194,20 +206,27 @@ def residual_cross(pa: dict, pb: dict) -> Tensor:
     m = None
     for key, a in pa.items():
         role, b = residual_role(key), pb[key]
-        if role in ("write", "norm_bias"):
+        if role in ("write", "norm_bias", "gain"):
             term = (b.reshape(-1, b.shape[-1]).T.float() @ a.reshape(-1, a.shape[-1]).float()).double()
         elif role == "read":
             term = (b.float() @ a.T.float()).double()
         else:
             continue
-        m = term if m is None else m + term
+        if m is None:
+            m = term.new_zeros(2, *term.shape)
+        m[1 if role == "gain" else 0] += term
     return m
 
 
 def solve_rotation(m: Tensor, spec: Spec, residual: str) -> Tensor:
+    """The residual element maximising the overlap tr(G^T M[0]) + tr(|G|^T M[1]) (residual_cross): over the
+    permutations for the ablation, else over the spec's residual group (signed permutations: an assignment on
+    |M[0]| + M[1]; rotations: Procrustes, where M[1] is zero)."""
     if residual == "permutation":
-        return best_permutation_matrix(m).float()
-    return (procrustes_fixing_ones(m) if spec.centred else procrustes(m)).float()
+        return best_permutation_matrix(m[0] + m[1]).float()
+    if spec.residual == "signed_permutation":
+        return best_signed_permutation_matrix(m[0], m[1]).float()
+    return (procrustes_fixing_ones(m[0]) if spec.centred else procrustes(m[0])).float()
 
 
 def balance_transform(graph, head_maps: bool = True, glu: bool = True) -> Transform:
@@ -218,7 +237,7 @@ def balance_transform(graph, head_maps: bool = True, glu: bool = True) -> Transf
     for i in range(spec.n_layers):
         p = graph.layer(i)
         if head_maps and spec.head_maps:
-            t.qk_maps[i], t.ov_maps[i] = balance_maps(p, i, spec)
+            t.qk_maps[i], t.ov_maps[i] = balance_maps(p, i, spec)  # None where the spec allows no such map
         if glu and spec.glu:
             t.glu_scale[i] = glu_balance(p, i)
     return t
@@ -304,7 +323,8 @@ def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = Tru
     """Find (t_a, t_b) with apply(b, t_b) close to apply(a, t_a) in weight space, reading the models one layer
     at a time (a and b may be lazy graphs over their checkpoint files).
 
-    residual="orthogonal" is the full group; residual="permutation" with head_maps=False is the
+    residual="orthogonal" is the full group the spec declares (its residual part a signed permutation where the
+    spec says so); residual="permutation" with head_maps=False is the
     permutation-only ablation (Git Re-Basin's treatment of the residual stream).  balance_a=False keeps
     a as it is (t_a = identity): used when a is the running average of several aligned models.
 
@@ -351,5 +371,6 @@ def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = Tru
 
 
 def _trace(rotation: Tensor, m: Tensor) -> float:
-    """tr(G^T M): the overlap of the rotated residual-facing tensors."""
-    return float((rotation.double() * m).sum())
+    """tr(G^T M[0]) + tr(|G|^T M[1]): the overlap of the residual-facing tensors under G (residual_cross)."""
+    g = rotation.double()
+    return float((g * m[0]).sum() + (g.abs() * m[1]).sum())
