@@ -39,7 +39,7 @@ def _barrier(a, b, method, kind, text_file, image_file, tmp_path, *extra):
 def test_rotation_objective_is_the_distance_weight_matching_reports(kind, tiny_dirs, tmp_path):
     """The residual Procrustes maximises tr(G^T M); that must be exactly the overlap term of the
     distance the rounds are judged by, or the rounds drift and "best round" picks the wrong one."""
-    from hf_rebasin.match.weight import relative_distance, residual_cross
+    from hf_rebasin.match.weight import gain_overlap, relative_distance, residual_cross
     a = models.canonicalise(models.load(tiny_dirs[kind]))
     b = models.canonicalise(models.load(tiny.make_tiny(kind, tmp_path / "b", seed=2)))
     m = residual_cross(a.params, b.params)
@@ -48,12 +48,14 @@ def test_rotation_objective_is_the_distance_weight_matching_reports(kind, tiny_d
     d = a.spec.d_model
     draw = (lambda: symmetry.random_rotation_fixing_ones(d, gen)) if a.spec.centred else \
         (lambda: symmetry.random_orthogonal(d, gen))
+    if a.spec.residual_group == "permutation":  # the spec's own group (a norm gain on the stream moves with |G|)
+        draw = lambda: symmetry.random_signed_permutation(d, gen, a.spec.centred)
     distances, overlaps = [], []
     for g in (draw(), draw()):
         t = Transform.identity(a.spec)
         t.rotation = g.float()
         distances.append(relative_distance(a.params, b, t))
-        overlaps.append(float((g.float().double() * m).sum()))
+        overlaps.append(float((g.float().double() * m).sum()) + gain_overlap(a.params, b.params, g.float()))
     assert distances[0] - distances[1] == pytest.approx(-2 * (overlaps[0] - overlaps[1]) / norm_a, rel=1e-4, abs=1e-7)
 
 
@@ -67,7 +69,9 @@ def test_the_distance_weight_matching_logs_is_the_distance_of_what_it_returns(ki
     alignment = weight_matching(a, b, max_rounds=3, tol=0.0, progress=False)
     t_a, t_b = alignment.transforms
     logged = min(e["distance"] for e in alignment.log)
-    assert len(alignment.log) == 4 and t_b.rotation is not None
+    # 3 rounds, unless the distance stopped falling (tol=0): a discrete residual group can converge exactly
+    stopped = len(alignment.log) >= 3 and alignment.log[-1]["distance"] >= alignment.log[-2]["distance"]
+    assert (len(alignment.log) == 4 or stopped) and t_b.rotation is not None
     assert relative_distance(symmetry.apply(a, t_a), b, t_b) == pytest.approx(logged, rel=1e-5, abs=1e-8)
 
 

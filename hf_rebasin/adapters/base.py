@@ -36,6 +36,9 @@ class Adapter:
     checkpoint_aliases: ClassVar[dict[str, tuple[str, ...]]] = {}
     # config fields that must be equal for two models to be aligned (beyond the Spec's shapes)
     compatibility_fields: ClassVar[tuple[str, ...]] = ()
+    # timm model_args that only say whether some biases exist (the canonical form always has them, the export
+    # switches them on): two models differing in them have the same canonical structure and align
+    bias_args: ClassVar[tuple[str, ...]] = ()
     # module paths, with {i} for the layer, whose INPUT is: the residual stream entering block i ("block"),
     # the concatenated head outputs ("attn_out"), the FFN hidden activations ("ffn_hidden"), the stream
     # entering the final norm ("final") -- for activation matching

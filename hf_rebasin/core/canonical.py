@@ -13,6 +13,8 @@ symmetry constraints its architecture imposes) and a flat ``dict`` of tensors ke
     head.weight / head.bias    READ    (d, n_out) / (n_out)
     final_norm.bias            a bias that has to stay inside the final norm (d), when the
                                reader after it has no bias to absorb it into
+    pre_norm.weight / .bias    gain and bias of a norm ON the stream (timm's norm_pre): the gain
+                               moves with |G| (G a signed permutation), the bias with G
 
 The norms themselves carry no parameters; their epsilon is ``Graph.norm_eps``.
 Every adapter maps its checkpoint to this form and back exactly (docs/design.md §2).
@@ -48,6 +50,10 @@ class Spec:
     centred: bool = False  # exported with LayerNorm: the stream must stay centred, G·1 = ±1
     head_maps: bool = True  # per-head QK/OV maps are exact symmetries (False with clip_qkv)
     scale_exact: bool = True  # the norm eps can be rescaled in the exported config (g != 1 exact)
+    # the residual maps G that are exact: "orthogonal" (rotations; fixing the ones direction when centred) or
+    # "permutation" (channel permutations, times -1 when centred, per-channel signs when not: a norm gain on the
+    # stream itself, e.g. timm's norm_pre, forbids any mixing of channels)
+    residual_group: str = "orthogonal"
     embeddings: tuple[str, ...] = ("tok",)  # names of the embed.* write tensors
     token_embedding: str | None = "tok"  # the embedding indexed by vocabulary (None for ViT)
     notes: tuple[str, ...] = ()  # caveats of the round trip (for inspect and model cards)
@@ -159,13 +165,15 @@ def layer_key(i: int, name: str) -> str:
 
 
 def residual_role(key: str) -> str | None:
-    """How a tensor reacts to the residual rotation: 'write', 'read', 'norm_bias' or None."""
+    """How a tensor reacts to the residual rotation: 'write', 'read', 'norm_bias', 'norm_gain' or None."""
     if key.startswith("embed."):
         return "write"
     if key == "head.weight":
         return "read"
-    if key == "final_norm.bias":
+    if key in ("final_norm.bias", "pre_norm.bias"):
         return "norm_bias"
+    if key == "pre_norm.weight":
+        return "norm_gain"
     if key.startswith("layers."):
         suffix = key.split(".", 2)[2]
         if suffix in WRITE_SUFFIXES:

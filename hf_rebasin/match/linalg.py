@@ -103,3 +103,14 @@ def rotation_2d(x: Tensor) -> Tensor:
     angle = torch.atan2(x[..., 0, 1] - x[..., 1, 0], x[..., 0, 0] + x[..., 1, 1])
     c, s = torch.cos(angle), torch.sin(angle)
     return torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)
+
+
+def best_signed_permutation_matrix(score: Tensor, one_sign: bool) -> Tensor:
+    """argmax of tr(G^T score) over signed permutations G: with one sign for all channels (one_sign: G = ±P,
+    the centred case) the better of P(score) and -P(-score); else per channel, assigned on |score|."""
+    if one_sign:
+        plus, minus = best_permutation_matrix(score), -best_permutation_matrix(-score)
+        return plus if float((plus * score).sum()) >= float((minus * score).sum()) else minus
+    p = best_permutation_matrix(score.abs())
+    return p * torch.where(score < 0, -1.0, 1.0).to(p.dtype)
+

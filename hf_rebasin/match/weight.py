@@ -21,7 +21,15 @@ from ..core.canonical import Graph, Spec, layer_key, residual_role
 from ..core.symmetry import Transform, apply, rotary_pairs, rotate_residual, transform_layer
 from ..progress import tqdm
 from .alignment import Alignment
-from .linalg import assignment, balance, best_permutation_matrix, procrustes, procrustes_fixing_ones, rotation_2d
+from .linalg import (
+    assignment,
+    balance,
+    best_permutation_matrix,
+    best_signed_permutation_matrix,
+    procrustes,
+    procrustes_fixing_ones,
+    rotation_2d,
+)
 
 # --- per-head views --------------------------------------------------------------------------
 
@@ -207,6 +215,8 @@ def residual_cross(pa: dict, pb: dict) -> Tensor:
 def solve_rotation(m: Tensor, spec: Spec, residual: str) -> Tensor:
     if residual == "permutation":
         return best_permutation_matrix(m).float()
+    if spec.residual_group == "permutation":  # the whole residual group of the spec: signed permutations
+        return best_signed_permutation_matrix(m, one_sign=spec.centred).float()
     return (procrustes_fixing_ones(m) if spec.centred else procrustes(m)).float()
 
 
@@ -304,7 +314,8 @@ def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = Tru
     """Find (t_a, t_b) with apply(b, t_b) close to apply(a, t_a) in weight space, reading the models one layer
     at a time (a and b may be lazy graphs over their checkpoint files).
 
-    residual="orthogonal" is the full group; residual="permutation" with head_maps=False is the
+    residual="orthogonal" is the full group (the spec's residual group: signed permutations where a norm gain on
+    the stream allows no rotation); residual="permutation" with head_maps=False is the
     permutation-only ablation (Git Re-Basin's treatment of the residual stream).  balance_a=False keeps
     a as it is (t_a = identity): used when a is the running average of several aligned models.
 
@@ -330,13 +341,14 @@ def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = Tru
             step.run(bar)
             if round_ == 1:
                 norm_a = norm_a_out + step.norm_a
-                overlap = _trace(start.rotation, m_out) + unrotated_out + step.overlap_start
+                overlap = _trace(start.rotation, m_out) + gain_overlap(out_a, out_b, start.rotation) \
+                    + unrotated_out + step.overlap_start
                 distance = (norm_a + norm_b_out + step.norm_b_raw - 2 * overlap) / max(norm_a, 1e-30)
                 log.append({"round": 0, "step": "init", "distance": distance})
                 best, best_distance = start, distance
             m = m_out + step.m
             t.rotation = solve_rotation(m, spec, residual)
-            overlap = _trace(t.rotation, m) + unrotated_out + step.unrotated
+            overlap = _trace(t.rotation, m) + gain_overlap(out_a, out_b, t.rotation) + unrotated_out + step.unrotated
             distance = (norm_a + norm_b_out + step.norm_b - 2 * overlap) / max(norm_a, 1e-30)
             log.append({"round": round_, "distance": distance, "seconds": time.perf_counter() - started})
             bar.set_postfix(distance=f"{distance:.4f}")
@@ -348,6 +360,13 @@ def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = Tru
     bar.close()
     settings = {"residual": residual, "head_maps": full, "max_rounds": max_rounds, "tol": tol}
     return Alignment([t_a, best], log, settings)  # the steps are not all exact minimisers: keep the best round
+
+
+def gain_overlap(out_a: dict, out_b: dict, rotation: Tensor) -> float:
+    """<A gain, B gain moved by |G|> of the norm gains on the stream (residual_group="permutation"): they move
+    with |G|, not G, so they stay out of M (and do not vote on G's sign)."""
+    return sum(float((a.double() * (out_b[k].double() @ rotation.abs().double())).sum())
+               for k, a in out_a.items() if residual_role(k) == "norm_gain")
 
 
 def _trace(rotation: Tensor, m: Tensor) -> float:
