@@ -242,3 +242,23 @@ def test_inspect_names_the_group_and_why(tiny_dirs, capsys):
     assert main(["inspect", str(tiny_dirs["vit_registers"])]) == 0
     out = capsys.readouterr().out
     assert "proj_bias" in out and "LayerScale" in out
+
+
+@pytest.mark.parametrize("kind", TIMM_KINDS)
+def test_unknown_tensors_are_refused(kind, tiny_dirs, tmp_path):
+    """A tensor the adapter does not align (here a QK-norm gain) is an error, in memory and in a checkpoint's
+    files, never silently dropped."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    source = models.load(tiny_dirs[kind])
+    state = dict(source.model.state_dict())
+    source.adapter.to_canonical(state, source.config)  # every tensor of the variant is known
+    state["blocks.0.attn.q_norm.weight"] = torch.ones(8)
+    with pytest.raises(UnsupportedModelError, match="does not know how to align: blocks.0.attn.q_norm.weight"):
+        source.adapter.to_canonical(state, source.config)
+    shutil.copytree(tiny_dirs[kind], tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    save_file({**load_file(weights), "blocks.0.attn.q_norm.weight": torch.ones(8)}, weights)
+    with pytest.raises(UnsupportedModelError, match="does not know how to align: blocks.0.attn.q_norm.weight"):
+        models.canonicalise(models.load(tmp_path / "m"))
