@@ -75,7 +75,7 @@ def test_the_distance_weight_matching_logs_is_the_distance_of_what_it_returns(ki
     assert relative_distance(symmetry.apply(a, t_a), b, t_b) == pytest.approx(logged, rel=1e-5, abs=1e-8)
 
 
-@pytest.mark.parametrize("kind", ["gpt_neox", "llama_gqa_tied", "vit"])
+@pytest.mark.parametrize("kind", ["gpt_neox", "llama_gqa_tied", "vit", "vit_norm_pre", "deit_distilled"])
 def test_activation_matching_recovers_a_permuted_copy(kind, tiny_dirs, tmp_path, text_file, image_file):
     twin = disguise(tiny_dirs[kind], tmp_path / "twin", seed=21, permutation_only=True)
     report = _barrier(tiny_dirs[kind], twin, "am", kind, text_file, image_file, tmp_path)

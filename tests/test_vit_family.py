@@ -262,3 +262,20 @@ def test_unknown_tensors_are_refused(kind, tiny_dirs, tmp_path):
     save_file({**load_file(weights), "blocks.0.attn.q_norm.weight": torch.ones(8)}, weights)
     with pytest.raises(UnsupportedModelError, match="does not know how to align: blocks.0.attn.q_norm.weight"):
         models.canonicalise(models.load(tmp_path / "m"))
+
+
+@pytest.mark.parametrize("one_sign", [True, False], ids=["centred", "per_channel"])
+def test_signed_assignment_is_the_best_signed_permutation(one_sign):
+    """Weight matching's residual step for residual_group="permutation", against every candidate (d = 4)."""
+    import itertools
+
+    from hf_rebasin.match.linalg import best_signed_permutation_matrix
+    m = torch.randn(4, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    best = best_signed_permutation_matrix(m, one_sign)
+    signs = [(1.0,) * 4, (-1.0,) * 4] if one_sign else list(itertools.product((1.0, -1.0), repeat=4))
+    values = [float((torch.eye(4, dtype=torch.float64)[list(perm)] * torch.tensor(s)[:, None] * m).sum())
+              for perm in itertools.permutations(range(4)) for s in signs]
+    assert float((best * m).sum()) == pytest.approx(max(values), abs=1e-12)
+    assert torch.equal(best.abs().sum(0), torch.ones(4, dtype=best.dtype))
+    if one_sign:
+        assert len(set(best.sum(0).tolist())) == 1
