@@ -196,24 +196,25 @@ def test_weight_matching_stays_in_the_reduced_group(tiny_dirs, tmp_path):
     assert _bad(b, b_loaded, x, t_b) <= 1e-4
 
 
-def test_distillation_token_and_head_are_part_of_the_residual_group(tiny_dirs):
-    """The distillation token is a residual write and head_dist a read: a rotation that leaves either alone (a
-    group too small in what it moves, or rather an element of no group) breaks the function."""
-    x = tiny.example_inputs("deit_distilled")
-    source = models.load(tiny_dirs["deit_distilled"])
+@pytest.mark.parametrize("kind, key", [("deit_distilled", "embed.dist"), ("deit_distilled", "head_dist"),
+                                       ("vit_registers", "embed.reg"), ("vit_norm_pre", "pre_norm.weight"),
+                                       ("vit_norm_pre", "pre_norm.bias")])
+def test_the_new_tensors_must_move_with_the_group(kind, key, tiny_dirs):
+    """The distillation token and the registers are residual writes, head_dist a read, norm_pre's gain and bias
+    move with the residual map: a group element that leaves one of them where it was breaks the function."""
+    x = tiny.example_inputs(kind)
+    source = models.load(tiny_dirs[kind])
     graph = models.canonicalise(source)
-    assert "dist" in graph.spec.embeddings and graph.params["head.weight"].shape[1] == 2 * graph.spec.n_out
-    t = symmetry.random_transform(graph.spec, seed=1)
-    moved = symmetry.apply(graph, t)
+    moved = symmetry.apply(graph, symmetry.random_transform(graph.spec, seed=1))
     assert checks.max_diff(source.model, models.instantiate(moved, source), x) <= 1e-4
-    for key, columns in (("embed.dist", None), ("head.weight", slice(graph.spec.n_out, None))):
-        broken = dict(moved.params)
-        if columns is None:
-            broken[key] = graph.params[key]
-        else:
-            broken[key] = moved.params[key].clone()
-            broken[key][:, columns] = graph.params[key][:, columns]
-        assert checks.max_diff(source.model, models.instantiate(moved.replace(broken), source), x) > 1e-2, key
+    broken = dict(moved.params)
+    if key == "head_dist":  # the second half of the canonical head's columns
+        n = graph.spec.n_out
+        assert graph.params["head.weight"].shape[1] == 2 * n
+        broken["head.weight"] = torch.cat([moved.params["head.weight"][:, :n], graph.params["head.weight"][:, n:]], 1)
+    else:
+        broken[key] = graph.params[key]
+    assert checks.max_diff(source.model, models.instantiate(moved.replace(broken), source), x) > 1e-2
 
 
 def test_models_without_biases_align_with_models_with_them(tmp_path):
