@@ -240,6 +240,7 @@ def test_inspect_names_the_group_and_why(tiny_dirs, capsys):
     assert info["architecture"] == "VisionTransformerDistilled"
     assert any("fixing the all-ones direction" in line for line in info["symmetry_group"])
     assert any("qkv_bias" in note for note in info["notes"])
+    assert any("distillation token" in note and "head_dist" in note for note in info["notes"])
     assert main(["inspect", str(tiny_dirs["vit_registers"])]) == 0
     out = capsys.readouterr().out
     assert "proj_bias" in out and "LayerScale" in out

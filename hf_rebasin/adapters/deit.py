@@ -10,8 +10,15 @@ token is one more residual write (W -> W G), ``head_dist`` one more read after t
 ``head`` in the canonical head (head.weight is (d, 2 * classes): columns of head, then of head_dist)."""
 from __future__ import annotations
 
+import dataclasses
+
+from ..core.canonical import Spec
 from .base import register
 from .vit import VisionTransformer
+
+DISTILLED_NOTE = ("distillation token: one more residual write (moves with the residual map); head_dist: one more "
+                  "read of the final norm's output, held beside head (canonical head.weight is (d, 2 x classes)); "
+                  "the output is the mean of the two heads (timm's eval mode)")
 
 
 @register
@@ -20,3 +27,7 @@ class VisionTransformerDistilled(VisionTransformer):
     tiny = {"deit_distilled": dict(VisionTransformer.base, init_values=0.5, qkv_bias=False)}
     timm_name = "deit_tiny_distilled_patch16_224"
     heads = ("head", "head_dist")
+
+    def spec(self, model) -> Spec:
+        spec = super().spec(model)
+        return dataclasses.replace(spec, notes=spec.notes + (DISTILLED_NOTE,))
