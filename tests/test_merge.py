@@ -48,8 +48,8 @@ def test_rotation_objective_is_the_distance_weight_matching_reports(kind, tiny_d
     d = a.spec.d_model
     draw = (lambda: symmetry.random_rotation_fixing_ones(d, gen)) if a.spec.centred else \
         (lambda: symmetry.random_orthogonal(d, gen))
-    if a.spec.residual_group == "permutation":  # the spec's own group (a norm gain on the stream moves with |G|)
-        draw = lambda: symmetry.random_signed_permutation(d, gen, a.spec.centred)
+    if a.spec.residual == "signed_permutation":  # the spec's own group (a norm gain on the stream moves with |G|)
+        draw = lambda: symmetry.random_signed_permutation(d, gen, one_sign=a.spec.centred)
     distances, overlaps = [], []
     for g in (draw(), draw()):
         t = Transform.identity(a.spec)

@@ -107,7 +107,7 @@ def test_other_options_are_exact(option, tmp_path):
     # dynamic_img_size: the position embedding is resampled for other image sizes, along the token axis only
     check_exact(source, tmp_path, sizes=(16, 24) if args.get("dynamic_img_size") else (16,))
     if args.get("pre_norm"):
-        assert source.spec.residual_group == "permutation"
+        assert source.spec.residual == "signed_permutation"
 
 
 REFUSED = {  # create_model arguments -> what the refusal must name
@@ -160,7 +160,7 @@ def test_norm_pre_allows_permutations_not_rotations(tiny_dirs):
     source = models.load(tiny_dirs["vit_norm_pre"])
     graph = models.canonicalise(source)
     spec, d = graph.spec, graph.spec.d_model
-    assert spec.residual_group == "permutation"
+    assert spec.residual == "signed_permutation"
     gains = graph.params["pre_norm.weight"]
     assert gains.max() - gains.min() > 0.5  # distinct gains: the case the derivation is about
     gen = torch.Generator().manual_seed(0)
@@ -268,12 +268,12 @@ def test_unknown_tensors_are_refused(kind, tiny_dirs, tmp_path):
 
 @pytest.mark.parametrize("one_sign", [True, False], ids=["centred", "per_channel"])
 def test_signed_assignment_is_the_best_signed_permutation(one_sign):
-    """Weight matching's residual step for residual_group="permutation", against every candidate (d = 4)."""
+    """Weight matching's residual step for a signed-permutation group, against every candidate (d = 4)."""
     import itertools
 
     from hf_rebasin.match.linalg import best_signed_permutation_matrix
     m = torch.randn(4, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    best = best_signed_permutation_matrix(m, one_sign)
+    best = best_signed_permutation_matrix(m, one_sign=one_sign)
     signs = [(1.0,) * 4, (-1.0,) * 4] if one_sign else list(itertools.product((1.0, -1.0), repeat=4))
     values = [float((torch.eye(4, dtype=torch.float64)[list(perm)] * torch.tensor(s)[:, None] * m).sum())
               for perm in itertools.permutations(range(4)) for s in signs]

@@ -107,9 +107,9 @@ def test_narrow_model_embeds_exactly(make, kind):
     the reason, where a norm gain on the stream leaves only signed permutations of it)."""
     wide = make(kind)
     narrow = make(kind, narrower(tiny.adapter_of(kind).tiny[kind]), seed=2)
-    if wide.spec.residual_group != "orthogonal":
+    if wide.spec.residual != "orthogonal":
         for smaller in (narrow.spec, dataclasses.replace(wide.spec, ffn_dim=wide.spec.ffn_dim // 2)):
-            with pytest.raises(UnsupportedModelError, match="residual_group: 'permutation'.*norm_pre"):
+            with pytest.raises(UnsupportedModelError, match="residual: 'signed_permutation'.*norm_pre"):
                 widths.plan(smaller, wide.spec)
         return
     assert narrow.spec.d_model * 2 == wide.spec.d_model and narrow.spec.ffn_dim * 2 == wide.spec.ffn_dim
@@ -152,7 +152,7 @@ def test_weight_matching_with_an_embedded_model(make, kind, method, request):
     """Weight matching of the wide model A with the embedded narrow B: its transforms are exact symmetries."""
     wide = make(kind)
     narrow = make(kind, narrower(tiny.adapter_of(kind).tiny[kind]), seed=2)
-    if wide.spec.residual_group != "orthogonal":  # no width embedding exists: refused before any tensor is read
+    if wide.spec.residual != "orthogonal":  # no width embedding exists: refused before any tensor is read
         with pytest.raises(UnsupportedModelError, match="norm_pre"):
             widths.embed(models.canonicalise(narrow), wide.spec, norm_eps=wide_eps(wide))
         return

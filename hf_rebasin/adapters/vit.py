@@ -24,7 +24,7 @@ What is exact, and why (row vectors, C = I - 11^T/d, every norm a LayerNorm):
   n(eH) = n(e)H); the stream moves by G; exactness needs n(e) H diag(γ') = n(e) diag(γ) G for every
   centred n(e), i.e. C H diag(γ') = C diag(γ) G.  For gains that are not all equal this holds only for
   G = H = ±P, P a permutation, with γ' = γ|G| (the gains permuted) and β' = βG: the residual group
-  shrinks from rotations fixing the ones direction to ±permutations (Spec.residual_group).
+  shrinks from rotations fixing the ones direction to ±permutations (Spec.residual "signed_permutation").
   The embeddings before the norm are centred (n ignores their mean); β is centred (every reader of
   the stream is a LayerNorm, blind to the mean).
 
@@ -159,7 +159,7 @@ class VisionTransformer(Adapter):
             architecture=self.architecture, d_model=d, n_layers=len(model.blocks), n_heads=attn.num_heads,
             n_kv_heads=attn.num_heads, head_dim=attn.head_dim, ffn_dim=model.blocks[0].mlp.fc1.out_features,
             n_out=model.num_classes, glu=False, rotary_dims=0, centred=True, scale_exact=False,
-            residual_group="permutation" if has_norm_pre(model) else "orthogonal",
+            residual="signed_permutation" if has_norm_pre(model) else "orthogonal",
             embeddings=tuple(embeddings), token_embedding=None, notes=tuple(notes))
 
     def norm_eps(self, model) -> float:

@@ -50,10 +50,9 @@ class Spec:
     centred: bool = False  # exported with LayerNorm: the stream must stay centred, G·1 = ±1
     head_maps: bool = True  # per-head QK/OV maps are exact symmetries (False with clip_qkv)
     scale_exact: bool = True  # the norm eps can be rescaled in the exported config (g != 1 exact)
-    # the residual maps G that are exact: "orthogonal" (rotations; fixing the ones direction when centred) or
-    # "permutation" (channel permutations, times -1 when centred, per-channel signs when not: a norm gain on the
-    # stream itself, e.g. timm's norm_pre, forbids any mixing of channels)
-    residual_group: str = "orthogonal"
+    # the residual group: "orthogonal" (rotations; fixing the ones direction when centred) or "signed_permutation"
+    # (a norm gain on the stream itself, e.g. timm's norm_pre, forbids mixing channels; centred: one sign, G = ±P)
+    residual: str = "orthogonal"
     embeddings: tuple[str, ...] = ("tok",)  # names of the embed.* write tensors
     token_embedding: str | None = "tok"  # the embedding indexed by vocabulary (None for ViT)
     notes: tuple[str, ...] = ()  # caveats of the round trip (for inspect and model cards)
@@ -165,7 +164,7 @@ def layer_key(i: int, name: str) -> str:
 
 
 def residual_role(key: str) -> str | None:
-    """How a tensor reacts to the residual rotation: 'write', 'read', 'norm_bias', 'norm_gain' or None."""
+    """How a tensor reacts to the residual rotation: 'write', 'read', 'norm_bias', 'gain' or None."""
     if key.startswith("embed."):
         return "write"
     if key == "head.weight":
@@ -173,7 +172,7 @@ def residual_role(key: str) -> str | None:
     if key in ("final_norm.bias", "pre_norm.bias"):
         return "norm_bias"
     if key == "pre_norm.weight":
-        return "norm_gain"
+        return "gain"
     if key.startswith("layers."):
         suffix = key.split(".", 2)[2]
         if suffix in WRITE_SUFFIXES:

@@ -170,8 +170,9 @@ def rotate_residual(key: str, value: Tensor, t: Transform) -> Tensor:
         return g_rot.T @ value
     if g_rot is not None and role == "norm_bias":
         return value @ g_rot
-    if g_rot is not None and role == "norm_gain":  # exact for the signed permutations of residual_group="permutation"
-        return value @ g_rot.abs()
+    if role == "gain":  # a norm gain on the stream: diag(w) G = G diag(w |G|) for a signed permutation G (only)
+        value = value if g_rot is None else value @ g_rot.abs()
+        return value if isinstance(g, (int, float)) and g == 1.0 else value * g
     return value
 
 
@@ -256,9 +257,9 @@ def random_rotation_fixing_ones(d: int, gen: torch.Generator, dtype=torch.float6
     return basis @ inner @ basis.T
 
 
-def random_signed_permutation(d: int, gen: torch.Generator, centred: bool, dtype=torch.float64) -> Tensor:
-    """A random permutation matrix times signs: one global sign when centred (G·1 = ±1), else one per channel."""
-    signs = torch.where(torch.rand(1 if centred else d, generator=gen) < 0.5, -1.0, 1.0).to(dtype)
+def random_signed_permutation(d: int, gen: torch.Generator, dtype=torch.float64, one_sign: bool = False) -> Tensor:
+    """A random permutation matrix times signs: one per channel, or one for all (one_sign: G·1 = ±1, centred)."""
+    signs = torch.where(torch.rand(1 if one_sign else d, generator=gen) < 0.5, -1.0, 1.0).to(dtype)
     return torch.eye(d, dtype=dtype)[torch.randperm(d, generator=gen)] * signs[:, None]
 
 
@@ -301,8 +302,8 @@ def random_transform(spec: Spec, seed: int = 0, dtype=torch.float32, scale: floa
     """A random element of the group the spec allows (every factor non-trivial where allowed)."""
     gen = torch.Generator().manual_seed(seed)
     d, L = spec.d_model, spec.n_layers
-    if spec.residual_group == "permutation":
-        rotation = random_signed_permutation(d, gen, spec.centred)
+    if spec.residual == "signed_permutation":
+        rotation = random_signed_permutation(d, gen, one_sign=spec.centred)
     elif spec.centred:
         sign = 1 if torch.rand((), generator=gen) < 0.5 else -1
         rotation = random_rotation_fixing_ones(d, gen, sign=sign)
@@ -337,7 +338,7 @@ def describe_group(spec: Spec) -> list[str]:
     """Human-readable summary of the symmetry group hf-rebasin uses for this spec."""
     d, hd = spec.d_model, spec.head_dim
     lines = []
-    if spec.residual_group == "permutation":
+    if spec.residual == "signed_permutation":
         sign = "times ±1 (G·1 = ±1 keeps the stream centred)" if spec.centred else "with a sign per channel"
         lines.append(f"residual map: permutations of the {d} channels {sign}, shared by all layers; no rotations "
                      "(a norm gain on the stream itself commutes only with permutations)")

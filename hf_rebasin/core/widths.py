@@ -32,7 +32,7 @@ from .symmetry import random_rotation_fixing_ones, rotary_pairs
 
 # fields that must be equal (what no embedding can bridge), and sizes the narrow model may not exceed
 SAME = ("architecture", "n_layers", "n_out", "glu", "embeddings", "token_embedding", "centred", "scale_exact",
-        "head_maps", "residual_group")
+        "head_maps", "residual")
 NOT_LARGER = ("d_model", "ffn_dim", "head_dim")
 WHY_SAME = {"n_out": " (vocabulary size or number of classes)", "head_maps": " (clip_qkv set in one model only)"}
 
@@ -102,9 +102,9 @@ def plan(narrow: Spec, wide: Spec) -> Plan:
         if a != b:
             raise IncompatibleModelsError(f"{name}: {a} vs {b}{WHY_SAME.get(name, '')}: the narrow model cannot be "
                                           f"embedded in the wide one (the two must agree in {name})")
-    if wide.residual_group != "orthogonal":
+    if wide.residual != "orthogonal":
         raise UnsupportedModelError(
-            f"residual_group: {wide.residual_group!r}: this model has a norm gain on the residual stream itself "
+            f"residual: {wide.residual!r}: this model has a norm gain on the residual stream itself "
             "(timm's norm_pre), so only signed permutations of the stream are exact; a wider stream needs the narrow "
             "channels spread over the wide ones by a map orthogonal to the ones vector, which that per-channel gain "
             "cannot follow (models of different widths are not embedded for this architecture)")

@@ -105,12 +105,15 @@ def rotation_2d(x: Tensor) -> Tensor:
     return torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)
 
 
-def best_signed_permutation_matrix(score: Tensor, one_sign: bool) -> Tensor:
-    """argmax of tr(G^T score) over signed permutations G: with one sign for all channels (one_sign: G = ±P,
-    the centred case) the better of P(score) and -P(-score); else per channel, assigned on |score|."""
+def best_signed_permutation_matrix(signed: Tensor, unsigned: Tensor | None = None, one_sign: bool = False) -> Tensor:
+    """The signed permutation G maximising tr(G^T signed) + tr(|G|^T unsigned).  Per channel (G[i, π(i)] = s_i)
+    the best s_i is the sign of signed[i, π(i)], so π is the assignment on |signed| + unsigned; with one sign for
+    all channels (one_sign: G = ±P, a centred stream) the better of +P and -P, each assigned on ±signed + unsigned."""
+    extra = torch.zeros_like(signed) if unsigned is None else unsigned
     if one_sign:
-        plus, minus = best_permutation_matrix(score), -best_permutation_matrix(-score)
-        return plus if float((plus * score).sum()) >= float((minus * score).sum()) else minus
-    p = best_permutation_matrix(score.abs())
-    return p * torch.where(score < 0, -1.0, 1.0).to(p.dtype)
+        plus, minus = best_permutation_matrix(signed + extra), best_permutation_matrix(extra - signed)
+        value = lambda p, s: float((p * (s * signed + extra)).sum())
+        return plus if value(plus, 1.0) >= value(minus, -1.0) else -minus
+    p = best_permutation_matrix(signed.abs() + extra)
+    return p * torch.where(signed < 0, -1.0, 1.0).to(p.dtype)
 

@@ -91,16 +91,16 @@ class OnesFixingOrthogonal(nn.Module):
         return self.basis @ self.inner() @ self.basis.T + self.sign * (self.ones @ self.ones.T)
 
 
-class FixedResidualMap(nn.Module):
+class FixedResidual(nn.Module):
     """The residual map of a spec whose residual group is discrete (signed permutations): chosen by weight
     matching, held fixed (a buffer, no gradient), as the head and FFN permutations are."""
 
     def __init__(self, d: int, start: Tensor | None = None):
         super().__init__()
-        self.register_buffer("value", torch.eye(d) if start is None else start.detach().float().cpu().clone())
+        self.register_buffer("matrix", torch.eye(d) if start is None else start.detach().float().cpu().clone())
 
     def forward(self) -> Tensor:
-        return self.value
+        return self.matrix
 
 
 # --- invertible maps -----------------------------------------------------------------------------
@@ -256,8 +256,8 @@ class SymmetryParams(nn.Module):
         start = start or Transform.identity(spec)
         self.spec = spec
         n_layers, groups, hd = spec.n_layers, spec.n_kv_heads, spec.head_dim
-        if spec.residual_group == "permutation":
-            self.rotation = FixedResidualMap(spec.d_model, start.rotation)
+        if spec.residual == "signed_permutation":
+            self.rotation = FixedResidual(spec.d_model, start.rotation)
         elif spec.centred:
             self.rotation = OnesFixingOrthogonal(spec.d_model, orth, start.rotation)
         else:

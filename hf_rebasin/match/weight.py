@@ -215,7 +215,7 @@ def residual_cross(pa: dict, pb: dict) -> Tensor:
 def solve_rotation(m: Tensor, spec: Spec, residual: str) -> Tensor:
     if residual == "permutation":
         return best_permutation_matrix(m).float()
-    if spec.residual_group == "permutation":  # the whole residual group of the spec: signed permutations
+    if spec.residual == "signed_permutation":  # the whole residual group of the spec
         return best_signed_permutation_matrix(m, one_sign=spec.centred).float()
     return (procrustes_fixing_ones(m) if spec.centred else procrustes(m)).float()
 
@@ -363,10 +363,10 @@ def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = Tru
 
 
 def gain_overlap(out_a: dict, out_b: dict, rotation: Tensor) -> float:
-    """<A gain, B gain moved by |G|> of the norm gains on the stream (residual_group="permutation"): they move
+    """<A gain, B gain moved by |G|> of the norm gains on the stream (residual "signed_permutation"): they move
     with |G|, not G, so they stay out of M (and do not vote on G's sign)."""
     return sum(float((a.double() * (out_b[k].double() @ rotation.abs().double())).sum())
-               for k, a in out_a.items() if residual_role(k) == "norm_gain")
+               for k, a in out_a.items() if residual_role(k) == "gain")
 
 
 def _trace(rotation: Tensor, m: Tensor) -> float:
