@@ -41,7 +41,7 @@ def export_loads_with_stock_loader(source, kind, tmp_path):
     if source.adapter.backend == "timm":
         import timm
         reloaded = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()
-        assert type(reloaded).__name__ == "VisionTransformer"
+        assert type(reloaded).__name__ == source.adapter.architecture
     else:
         import transformers
         reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()

@@ -11,7 +11,7 @@ from hf_rebasin.core.canonical import Graph, interpolate
 from hf_rebasin.match.params import SymmetryParams
 from hf_rebasin.sources import models
 
-KINDS = ["gpt_neox", "llama_gqa_tied", "olmo_clip_qkv", "gpt2", "vit"]
+KINDS = ["gpt_neox", "llama_gqa_tied", "olmo_clip_qkv", "gpt2", "vit", "vit_norm_pre", "deit_distilled"]
 
 
 def on_meta(graph) -> Graph:

@@ -36,8 +36,8 @@ def test_rotation_objective_is_the_distance_weight_matching_reports(kind, tiny_d
     norm_a = sum(float(v.double().pow(2).sum()) for v in a.params.values())
     gen = torch.Generator().manual_seed(0)
     d = a.spec.d_model
-    if a.spec.residual == "signed_permutation":  # the residual group declared: post-norm gains move by |G|
-        draw = lambda: symmetry.random_signed_permutation(d, gen)
+    if a.spec.residual == "signed_permutation":  # the spec's own group (a norm gain on the stream moves with |G|)
+        draw = lambda: symmetry.random_signed_permutation(d, gen, one_sign=a.spec.centred)
     elif a.spec.centred:
         draw = lambda: symmetry.random_rotation_fixing_ones(d, gen)
     else:
@@ -61,15 +61,13 @@ def test_the_distance_weight_matching_logs_is_the_distance_of_what_it_returns(ki
     alignment = weight_matching(a, b, max_rounds=3, tol=0.0, progress=False)
     t_a, t_b = alignment.transforms
     logged = min(e["distance"] for e in alignment.log)
-    assert t_b.rotation is not None
-    if a.spec.residual == "signed_permutation" and len(alignment.log) < 4:  # a discrete residual group can reach a
-        assert alignment.log[-1]["distance"] == alignment.log[-2]["distance"]  # fixed point: a round changed nothing
-    else:
-        assert len(alignment.log) == 4
+    # 3 rounds, unless the distance stopped falling (tol=0): a discrete residual group can converge exactly
+    stopped = len(alignment.log) >= 3 and alignment.log[-1]["distance"] >= alignment.log[-2]["distance"]
+    assert (len(alignment.log) == 4 or stopped) and t_b.rotation is not None
     assert relative_distance(symmetry.apply(a, t_a), b, t_b) == pytest.approx(logged, rel=1e-5, abs=1e-8)
 
 
-@pytest.mark.parametrize("kind", ["gpt_neox", "llama_gqa_tied", "vit", "olmo2_gqa"])
+@pytest.mark.parametrize("kind", ["gpt_neox", "llama_gqa_tied", "vit", "olmo2_gqa", "vit_norm_pre", "deit_distilled"])
 def test_activation_matching_recovers_a_permuted_copy(kind, tiny_dirs, tmp_path, text_file, image_file):
     twin = disguise(tiny_dirs[kind], tmp_path / "twin", seed=21, permutation_only=True)
     report = _barrier(tiny_dirs[kind], twin, "am", kind, text_file, image_file, tmp_path)

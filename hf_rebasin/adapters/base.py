@@ -37,6 +37,9 @@ class Adapter:
     # the name the class's own save_pretrained writes for a parameter, where it is not the parameter's name:
     # {name in the model class: name in the files it writes} (read as an alias too)
     saved_names: ClassVar[dict[str, str]] = {}
+    # timm model_args that only say whether some biases exist (the canonical form always has them, the export
+    # switches them on): two models differing in them have the same canonical structure and align
+    bias_args: ClassVar[tuple[str, ...]] = ()
     # module paths, with {i} for the layer, whose INPUT is: the residual stream entering block i ("block"),
     # the concatenated head outputs ("attn_out"), the FFN hidden activations ("ffn_hidden"), the stream
     # entering the final norm ("final") -- for activation matching

@@ -20,6 +20,8 @@ symmetry constraints its architecture imposes) and a flat ``dict`` of tensors ke
     layers.<i>.attn.q_norm|k_norm      QK-norm gains, kept: over each head's dims and shared by the
                                heads (Spec.qk_norm "head", Qwen3) or over the whole projection
                                (Spec.qk_norm "projection", OLMo-2: permuted with the heads)
+    pre_norm.weight / .bias    gain and bias of a norm ON the stream (timm's norm_pre): the gain
+                               moves with |G| (G a signed permutation), the bias with G
 
 The norms themselves carry no parameters; their epsilon is ``Graph.norm_eps``.
 Every adapter maps its checkpoint to this form and back exactly (docs/design.md §2).
@@ -59,6 +61,9 @@ class Spec:
     residual: str = "orthogonal"  # the residual group: "orthogonal" or "signed_permutation" (post-norm gains)
     qk_norm: str = "none"  # QK-norm gains kept: "none", "head" (shared by the heads), "projection" (per coordinate)
     scale_exact: bool = True  # the norm eps can be rescaled in the exported config (g != 1 exact)
+    # the residual group: "orthogonal" (rotations; fixing the ones direction when centred) or "signed_permutation"
+    # (a norm gain on the stream itself, e.g. timm's norm_pre, forbids mixing channels; centred: one sign, G = ±P)
+    residual: str = "orthogonal"
     embeddings: tuple[str, ...] = ("tok",)  # names of the embed.* write tensors
     token_embedding: str | None = "tok"  # the embedding indexed by vocabulary (None for ViT)
     notes: tuple[str, ...] = ()  # caveats of the round trip (for inspect and model cards)
@@ -180,8 +185,10 @@ def residual_role(key: str) -> str | None:
         return "write"
     if key == "head.weight":
         return "read"
-    if key == "final_norm.bias":
+    if key in ("final_norm.bias", "pre_norm.bias"):
         return "norm_bias"
+    if key == "pre_norm.weight":
+        return "gain"
     if key.startswith("layers."):
         suffix = key.split(".", 2)[2]
         if suffix in WRITE_SUFFIXES:

@@ -174,8 +174,8 @@ def rotate_residual(key: str, value: Tensor, t: Transform) -> Tensor:
     if g_rot is not None and role == "norm_bias":
         return value @ g_rot
     if role == "gain":
-        # a post-norm gain w: RMSNorm(y)·diag(w)·G = RMSNorm(y G)·diag(w |G|) for a signed permutation G (only);
-        # its norm reads the write, scaled by g with eps g², so the gain carries g
+        # a norm gain w on the stream (timm's norm_pre) or on every write (post-norms): diag(w)·G = G·diag(w |G|) for
+        # a signed permutation G only; a post-norm reads the write, scaled by g with eps g², so its gain carries g
         value = value if g_rot is None else value @ g_rot.abs()
         return value if isinstance(g, (int, float)) and g == 1.0 else value * g
     return value
@@ -262,9 +262,9 @@ def random_rotation_fixing_ones(d: int, gen: torch.Generator, dtype=torch.float6
     return basis @ inner @ basis.T
 
 
-def random_signed_permutation(d: int, gen: torch.Generator, dtype=torch.float64) -> Tensor:
-    """G with one ±1 per row and column: a random permutation, each coordinate's sign flipped with probability 1/2."""
-    signs = torch.where(torch.rand(d, generator=gen) < 0.5, -1.0, 1.0).to(dtype)
+def random_signed_permutation(d: int, gen: torch.Generator, dtype=torch.float64, one_sign: bool = False) -> Tensor:
+    """A random permutation matrix times signs: one per channel, or one for all (one_sign: G·1 = ±1, centred)."""
+    signs = torch.where(torch.rand(1 if one_sign else d, generator=gen) < 0.5, -1.0, 1.0).to(dtype)
     return torch.eye(d, dtype=dtype)[torch.randperm(d, generator=gen)] * signs[:, None]
 
 
@@ -308,7 +308,7 @@ def random_transform(spec: Spec, seed: int = 0, dtype=torch.float32, scale: floa
     gen = torch.Generator().manual_seed(seed)
     d, L = spec.d_model, spec.n_layers
     if spec.residual == "signed_permutation":
-        rotation = random_signed_permutation(d, gen)
+        rotation = random_signed_permutation(d, gen, one_sign=spec.centred)
     elif spec.centred:
         sign = 1 if torch.rand((), generator=gen) < 0.5 else -1
         rotation = random_rotation_fixing_ones(d, gen, sign=sign)
@@ -341,8 +341,10 @@ def describe_group(spec: Spec) -> list[str]:
     d, hd = spec.d_model, spec.head_dim
     lines = []
     if spec.residual == "signed_permutation":
-        lines.append(f"residual: signed permutations of the {d} coordinates only, shared by all layers (a gain "
-                     "after a norm on every residual write: for generic gains no other orthogonal map passes it)")
+        sign = "times one sign (G·1 = ±1 keeps the stream centred)" if spec.centred else "with a sign per coordinate"
+        lines.append(f"residual: signed permutations of the {d} coordinates only, {sign}, shared by all layers; no "
+                     "rotations (a norm gain on the stream itself, timm's norm_pre, or after a norm on every residual "
+                     "write, post-norms: for generic gains no other orthogonal map passes it)")
     elif spec.centred:
         lines.append(f"residual rotation: orthogonal {d}x{d} fixing the all-ones direction (G·1 = ±1, "
                      "LayerNorm export keeps the stream centred), shared by all layers")

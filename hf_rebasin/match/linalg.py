@@ -79,19 +79,6 @@ def best_permutation_matrix(score: Tensor) -> Tensor:
     return p
 
 
-def best_signed_permutation_matrix(signed: Tensor, unsigned: Tensor | None = None) -> Tensor:
-    """The signed permutation G maximising tr(G^T signed) + tr(|G|^T unsigned).
-
-    G[i, π(i)] = s_i contributes s_i·signed[i, π(i)] + unsigned[i, π(i)]; the best sign is that of
-    signed[i, π(i)], worth |signed[i, π(i)]|, so π is the assignment on |signed| + unsigned and the signs follow."""
-    score = signed.abs() if unsigned is None else signed.abs() + unsigned
-    perm = assignment(score)
-    rows = torch.arange(len(perm))
-    g = torch.zeros_like(signed)
-    g[rows, perm] = torch.where(signed[rows, perm] < 0, -1.0, 1.0).to(signed.dtype)
-    return g
-
-
 def balance(left: Tensor, right: Tensor) -> Tensor:
     """The map M (f, f) that balances the factorisation left @ right^T of a circuit:
     left M and right M^-T become U S^½ and V S^½ (an SVD of the circuit), so that both factors carry
@@ -116,3 +103,17 @@ def rotation_2d(x: Tensor) -> Tensor:
     angle = torch.atan2(x[..., 0, 1] - x[..., 1, 0], x[..., 0, 0] + x[..., 1, 1])
     c, s = torch.cos(angle), torch.sin(angle)
     return torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)
+
+
+def best_signed_permutation_matrix(signed: Tensor, unsigned: Tensor | None = None, one_sign: bool = False) -> Tensor:
+    """The signed permutation G maximising tr(G^T signed) + tr(|G|^T unsigned).  Per channel (G[i, π(i)] = s_i)
+    the best s_i is the sign of signed[i, π(i)], so π is the assignment on |signed| + unsigned; with one sign for
+    all channels (one_sign: G = ±P, a centred stream) the better of +P and -P, each assigned on ±signed + unsigned."""
+    extra = torch.zeros_like(signed) if unsigned is None else unsigned
+    if one_sign:
+        plus, minus = best_permutation_matrix(signed + extra), best_permutation_matrix(extra - signed)
+        value = lambda p, s: float((p * (s * signed + extra)).sum())
+        return plus if value(plus, 1.0) >= value(minus, -1.0) else -minus
+    p = best_permutation_matrix(signed.abs() + extra)
+    return p * torch.where(signed < 0, -1.0, 1.0).to(p.dtype)
+

@@ -94,12 +94,12 @@ class OnesFixingOrthogonal(nn.Module):
 
 
 class FixedResidual(nn.Module):
-    """A residual element that is not trained: where the residual group is discrete (signed permutations), the
-    element weight matching chose (or the identity) stays as it is."""
+    """The residual map of a spec whose residual group is discrete (signed permutations): chosen by weight
+    matching, held fixed (a buffer, no gradient), as the head and FFN permutations are."""
 
     def __init__(self, d: int, start: Tensor | None = None):
         super().__init__()
-        self.register_buffer("matrix", torch.eye(d) if start is None else start.detach().float().clone())
+        self.register_buffer("matrix", torch.eye(d) if start is None else start.detach().float().cpu().clone())
 
     def forward(self) -> Tensor:
         return self.matrix

@@ -224,8 +224,8 @@ def solve_rotation(m: Tensor, spec: Spec, residual: str) -> Tensor:
     |M[0]| + M[1]; rotations: Procrustes, where M[1] is zero)."""
     if residual == "permutation":
         return best_permutation_matrix(m[0] + m[1]).float()
-    if spec.residual == "signed_permutation":
-        return best_signed_permutation_matrix(m[0], m[1]).float()
+    if spec.residual == "signed_permutation":  # the whole residual group of the spec
+        return best_signed_permutation_matrix(m[0], m[1], one_sign=spec.centred).float()
     return (procrustes_fixing_ones(m[0]) if spec.centred else procrustes(m[0])).float()
 
 

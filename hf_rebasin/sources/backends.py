@@ -243,12 +243,15 @@ class TimmBackend(Backend):
                 from error
 
     def write_companions(self, loaded, changes: dict, dtype: torch.dtype, out_dir: Path) -> None:
-        (out_dir / "config.json").write_text(json.dumps(loaded.hub_config, indent=2))
+        config = copy.deepcopy(loaded.hub_config)
+        if changes:  # create_model(architecture, **model_args) must build the exported layout
+            config["model_args"] = {**config.get("model_args", {}), **changes}
+        (out_dir / "config.json").write_text(json.dumps(config, indent=2))
 
     def differences(self, a, b):
         args_a, args_b = a.hub_config.get("model_args", {}), b.hub_config.get("model_args", {})
         out = [(f"model_args.{k}", args_a.get(k), args_b.get(k)) for k in sorted(set(args_a) | set(args_b))
-               if args_a.get(k) != args_b.get(k)]
+               if args_a.get(k) != args_b.get(k) and k not in a.adapter.bias_args]
         return out + [(k, a.hub_config.get(k), b.hub_config.get(k)) for k in ("architecture", "global_pool")
                       if a.hub_config.get(k) != b.hub_config.get(k)]
 
