@@ -124,7 +124,7 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         fmt = "{:.1%}" if r["metric"] == "accuracy" else "{:.2f}"
         metric = " / ".join(fmt.format(r[k]) for k in ("metric_a", "metric_b", "metric_mid"))
-        comparable = "shakespeare" in r["pair"] and "chars" not in r["pair"]  # (the paper's pairs use GPT-2 tokens)
+        comparable = "shakespeare" in r["pair"] and "bpe512" not in r["pair"]  # (the paper's pairs use GPT-2 tokens)
         paper = PAPER.get(r["method"], "") if comparable else ""
         lines.append(f"| {r['pair']} | {r['method']} | {r['barrier']:.3f} | {r['loss_a']:.3f} | {r['loss_b']:.3f} | "
                      f"{r['loss_mid']:.3f} | {r['metric']}: {metric} | {r['match_s']:.1f} | {paper} |")

@@ -79,18 +79,23 @@ PAIRS: dict[str, dict] = {
         "seq_len": 128,
         "training": dict(steps=800, batch_size=4, lr=3e-3, warmup=40, weight_decay=0.1),
     },
-    "olmo2-shakespeare-chars": {  # a reduced-group family (post-norms: signed-permutation residual; QK-norm),
-        "task": "causal-lm",       # characters as tokens: a 2-core CPU trains it in minutes (GPT-2's 50k vocab: hours)
-        "tokenizer": "characters",
+    # two families compared on one recipe: a reduced group (OLMo-2: post-norms, signed-permutation residual, QK-norm)
+    # and a full one (Qwen2: LLaMA's group, GQA, q/k/v biases); a 512-token byte-level BPE trained on the train split
+    # keeps the unembedding small enough for a 2-core CPU (GPT-2's 50k vocabulary: a step took ~7 s here)
+    "olmo2-shakespeare-bpe512": {
+        "task": "causal-lm",
+        "tokenizer": "bpe",
+        "vocab_size": 512,
         "config_class": "Olmo2Config",
         "config": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256,
                        max_position_embeddings=256, tie_word_embeddings=False, pad_token_id=None),
         "seq_len": 128,
         "training": dict(steps=300, batch_size=8, lr=3e-3, warmup=15, weight_decay=0.1),
     },
-    "qwen2-shakespeare-chars": {  # a full-group family (LLaMA's group: GQA, q/k/v biases, tied embeddings), the
-        "task": "causal-lm",        # OLMo-2 pair's data, tokenizer and training: the two rows compare groups
-        "tokenizer": "characters",
+    "qwen2-shakespeare-bpe512": {
+        "task": "causal-lm",
+        "tokenizer": "bpe",
+        "vocab_size": 512,
         "config_class": "Qwen2Config",
         "config": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                        intermediate_size=256, max_position_embeddings=256, tie_word_embeddings=True),
@@ -168,17 +173,6 @@ def vit_input_size(settings: dict) -> tuple[int, int, int]:
     return model_args["in_chans"], model_args["img_size"], model_args["img_size"]
 
 
-def character_tokenizer(text: str):
-    """One token per distinct character of `text` (sorted), then <|endoftext|>: for small-vocabulary pairs."""
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
-    vocab = {c: k for k, c in enumerate(sorted(set(text)))}
-    vocab["<|endoftext|>"] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.decoder = decoders.BPEDecoder()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-
-
 def stdlib_splits() -> dict[str, list[str]]:
     """CPython's standard library (hf_rebasin.training.stdlib_files), split by file: of every 20 files the 1st is
     test, the 11th val, the rest train."""
@@ -198,9 +192,12 @@ def lm_corpus(settings: dict, folder: Path):
     else:
         from transformers import AutoTokenizer
         text = require(SHAKESPEARE, "Tiny Shakespeare").read_text(encoding="utf-8")
-        tokenizer = (character_tokenizer(text) if settings.get("tokenizer") == "characters" else
-                     AutoTokenizer.from_pretrained(require(GPT2_TOKENIZER, "the GPT-2 tokenizer")))
         joined = dict(zip(SPLITS, split_text(text, (0.9, 0.05, 0.05))))
+        if settings.get("tokenizer") == "bpe":  # trained on the train split only
+            from hf_rebasin.training import train_bpe_tokenizer
+            tokenizer = train_bpe_tokenizer([joined["train"]], settings["vocab_size"])
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(require(GPT2_TOKENIZER, "the GPT-2 tokenizer"))
         texts = {split: [part] for split, part in joined.items()}
     for split, part in joined.items():
         write_atomic_bytes(folder / f"{split}.txt", lambda path, part=part: path.write_text(part, encoding="utf-8"))

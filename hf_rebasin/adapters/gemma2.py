@@ -25,7 +25,7 @@ import torch
 
 from ..core.canonical import Spec, fold_norm, layer_key
 from .base import Adapter, filled, linear_in, register, rope_facts
-from .llama import PROJECTIONS, WRITES, head_dim
+from .llama import PROJECTIONS, WRITES, head_dim, linears_from_canonical
 from .qwen2 import attention_windows
 
 PRE_NORMS = {"attn": "input_layernorm", "mlp": "pre_feedforward_layernorm"}
@@ -117,10 +117,7 @@ class Gemma2(Adapter):
 
     def layer_from_canonical(self, p, config, spec, i):
         pre, sd = f"model.layers.{i}.", {}
-        for name, module in {**PROJECTIONS, **WRITES}.items():
-            sd[pre + module + ".weight"] = p[layer_key(i, name)].T
-            if layer_key(i, name + "_bias") in p:
-                sd[pre + module + ".bias"] = p[layer_key(i, name + "_bias")]
+        sd.update(linears_from_canonical(p, i, pre))
         for norm in PRE_NORMS.values():
             sd[pre + norm + ".weight"] = filled(p[layer_key(i, "attn.o")], spec.d_model, 0.0)
         for name, module in POST_NORMS.items():

@@ -13,6 +13,16 @@ WRITES = {"attn.o": "self_attn.o_proj", "mlp.down": "mlp.down_proj"}
 NORM_BEFORE = {"attn": "input_layernorm", "mlp": "post_attention_layernorm"}
 
 
+def linears_from_canonical(p: dict, i: int, pre: str) -> dict:
+    """The q/k/v/o and up/gate/down nn.Linear weights (and biases) of layer i, from canonical row-vector form."""
+    sd = {}
+    for name, module in {**PROJECTIONS, **WRITES}.items():
+        sd[pre + module + ".weight"] = p[layer_key(i, name)].T
+        if layer_key(i, name + "_bias") in p:
+            sd[pre + module + ".bias"] = p[layer_key(i, name + "_bias")]
+    return sd
+
+
 def head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
@@ -117,10 +127,7 @@ class Llama(Adapter):
 
     def layer_from_canonical(self, p, config, spec, i):
         pre, sd = f"model.layers.{i}.", {}
-        for name, module in {**PROJECTIONS, **WRITES}.items():
-            sd[pre + module + ".weight"] = p[layer_key(i, name)].T
-            if layer_key(i, name + "_bias") in p:
-                sd[pre + module + ".bias"] = p[layer_key(i, name + "_bias")]
+        sd.update(linears_from_canonical(p, i, pre))
         if self.norm_gains:
             for norm in NORM_BEFORE.values():
                 sd[pre + norm + ".weight"] = filled(p[layer_key(i, "attn.o")], spec.d_model, self.unit_gain)

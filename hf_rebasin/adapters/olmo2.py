@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ..core.canonical import layer_key
 from .base import filled, linear_in, register
-from .llama import PROJECTIONS, WRITES, Llama
+from .llama import PROJECTIONS, WRITES, Llama, linears_from_canonical
 
 POST_NORMS = {"attn.post_norm": "post_attention_layernorm", "mlp.post_norm": "post_feedforward_layernorm"}
 QK_NORMS = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
@@ -72,10 +72,7 @@ class Olmo2(Llama):
 
     def layer_from_canonical(self, p, config, spec, i):
         pre, sd = f"model.layers.{i}.", {}
-        for name, module in {**PROJECTIONS, **WRITES}.items():
-            sd[pre + module + ".weight"] = p[layer_key(i, name)].T
-            if layer_key(i, name + "_bias") in p:
-                sd[pre + module + ".bias"] = p[layer_key(i, name + "_bias")]
+        sd.update(linears_from_canonical(p, i, pre))
         for name, module in {**POST_NORMS, **QK_NORMS}.items():
             sd[pre + module + ".weight"] = p[layer_key(i, name)]
         return sd
