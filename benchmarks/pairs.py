@@ -209,9 +209,8 @@ def train_seed_in_process(settings: dict, tokenizer, train_windows, seed: int, o
     torch.set_num_threads(1)
     log: list = []
     start = time.perf_counter()
-    training = dict(settings["training"])
     model = train_causal_lm(lm_config(settings, tokenizer), train_windows, seed=seed, progress=False, log=log,
-                            **training)
+                            **settings["training"])
     save_lm(model, tokenizer, out)
     return {"train_seconds": round(time.perf_counter() - start, 1), "log": log}
 
@@ -225,12 +224,13 @@ def build_lm_pair(name: str, folder: Path, progress: bool) -> dict:
                      "ln_vocab": math.log(len(tokenizer))}
     if settings.get("corpus") == "stdlib":  # long: both seeds at once, one thread each
         from concurrent.futures import ProcessPoolExecutor
+
+        from transformers import AutoModelForCausalLM
         with ProcessPoolExecutor(len(SEEDS)) as pool:
             runs = {key: pool.submit(train_seed_in_process, settings, tokenizer, windows["train"], seed,
                                      folder / FOLDERS[key]) for key, seed in SEEDS.items()}
             logs = {key: run.result() for key, run in runs.items()}
         for key, seed in SEEDS.items():
-            from transformers import AutoModelForCausalLM
             model = AutoModelForCausalLM.from_pretrained(folder / FOLDERS[key], dtype=torch.float32).eval()
             metrics[key] = {"seed": seed, "train_seconds": logs[key]["train_seconds"],
                             "val_loss": causal_lm_loss(model, windows["val"]),
