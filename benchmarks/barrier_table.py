@@ -53,7 +53,8 @@ def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int
     import pairs
     pair = pairs.get_pair(name)
     if seeds is not None:
-        pair = {**pair, "model_a": pairs.extra_model(name, seeds[0]), "model_b": pairs.extra_model(name, seeds[1])}
+        model_a, model_b = pairs.extra_models(name, list(seeds))
+        pair = {**pair, "model_a": model_a, "model_b": model_b}
         name = f"{name} (seeds {seeds[0]}, {seeds[1]})"
     rows = []
     for method in methods:

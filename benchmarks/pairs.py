@@ -204,13 +204,14 @@ def lm_corpus(settings: dict, folder: Path):
     return tokenizer, texts
 
 
-def train_seed_in_process(settings: dict, tokenizer, train_windows, seed: int, out: Path) -> dict:
+def train_seed_in_process(settings: dict, tokenizer, train_windows, seed: int, out: Path,
+                          data_seed: int | None = None) -> dict:
     """One seed trained on one thread (run in a worker process, so that two seeds train at once); its log."""
     torch.set_num_threads(1)
     log: list = []
     start = time.perf_counter()
     model = train_causal_lm(lm_config(settings, tokenizer), train_windows, seed=seed, progress=False, log=log,
-                            **settings["training"])
+                            data_seed=data_seed, **settings["training"])
     save_lm(model, tokenizer, out)
     return {"train_seconds": round(time.perf_counter() - start, 1), "log": log}
 
@@ -346,6 +347,55 @@ def extra_model(name: str, seed: int, cache_dir: str | Path = "runs/pairs", *, p
         model_args = {**settings["model_args"], **NARROW[name]} if narrow else None
         train_vit_seed(name, images, labels, seed, partial, progress, model_args)
     partial.rename(folder)
+    return str(folder)
+
+
+def extra_models(name: str, seeds: list[int], cache_dir: str | Path = "runs/pairs", *,
+                 progress: bool = True) -> list[str]:
+    """Further models of a pair (extra_model), several seeds; the long stdlib recipe trains them at once, one
+    thread each (as its pair was), and writes each one's training log beside it."""
+    settings = PAIRS[name]
+    if settings.get("corpus") != "stdlib":
+        return [extra_model(name, seed, cache_dir, progress=progress) for seed in seeds]
+    from concurrent.futures import ProcessPoolExecutor
+
+    from transformers import AutoTokenizer
+    pair = get_pair(name, cache_dir, progress=progress)
+    folders = {seed: resolve_cache(cache_dir) / name / f"model-seed{seed}" for seed in seeds}
+    todo = [seed for seed, folder in folders.items() if not folder.is_dir()]
+    if todo:
+        tokenizer = AutoTokenizer.from_pretrained(pair["model_a"])
+        windows = token_windows(read_texts(pair["train_data"]), tokenizer, settings["seq_len"])
+        partials = {seed: folders[seed].with_name(folders[seed].name + ".partial") for seed in todo}
+        for partial in partials.values():
+            shutil.rmtree(partial, ignore_errors=True)
+        with ProcessPoolExecutor(len(todo)) as pool:
+            runs = {seed: pool.submit(train_seed_in_process, settings, tokenizer, windows, seed, partials[seed])
+                    for seed in todo}
+            logs = {seed: run.result() for seed, run in runs.items()}
+        for seed in todo:
+            write_atomic_bytes(resolve_cache(cache_dir) / name / f"train-log-model-seed{seed}.json",
+                               lambda path, log=logs[seed]: path.write_text(json.dumps(log) + "\n"))
+            partials[seed].rename(folders[seed])
+    return [str(folders[seed]) for seed in seeds]
+
+
+def shared_init_model(name: str, data_seed: int, cache_dir: str | Path = "runs/pairs") -> str:
+    """A model of a language pair's recipe with model A's initialisation (seed 0) and another data order: with
+    model A, a pair like Pythia's standard and deduplicated runs (one seed, different data streams), where two
+    seeds give the harder independent pair.  cache_dir/name/model-init0-data{data_seed}, with its training log."""
+    from transformers import AutoTokenizer
+    settings, pair = PAIRS[name], get_pair(name, cache_dir)
+    folder = resolve_cache(cache_dir) / name / f"model-init{SEEDS['model_a']}-data{data_seed}"
+    if not folder.is_dir():
+        tokenizer = AutoTokenizer.from_pretrained(pair["model_a"])
+        windows = token_windows(read_texts(pair["train_data"]), tokenizer, settings["seq_len"])
+        partial = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        log = train_seed_in_process(settings, tokenizer, windows, SEEDS["model_a"], partial, data_seed)
+        write_atomic_bytes(folder.with_name(f"train-log-{folder.name}.json"),
+                           lambda path: path.write_text(json.dumps(log) + "\n"))
+        partial.rename(folder)
     return str(folder)
 
 

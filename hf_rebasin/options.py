@@ -25,10 +25,19 @@ DEFAULT_LAMBDAS = 11
 DEFAULT_ALPHA = 0.5
 MAX_LATTICE_POINTS = 500  # evaluations of an N-way merge's simplex lattice
 LAMBDA_DISTRIBUTIONS = ("uniform", "narrow")
-DEFAULT_LAMBDA_DIST = {"lm": "narrow", "dual": "uniform"}  # Theus et al. / Li & Shen
+
 SELF_DATA = "self"  # --train-data / --match-data: sequences sampled from the models (sources/self_samples.py)
 # lm/dual without --train-data and --match-data: None = --data split in halves; SELF_DATA would make `self` the default
 DEFAULT_LEARNED_DATA: str | None = None
+
+
+def default_lambda_dist(method: str, n_models: int, task: str) -> str:
+    """narrow, but dual on images or N models: uniform (BENCHMARKS.md, "What limits dual on the long pair")."""
+    if method == "dual" and (n_models > 2 or task != "causal-lm"):
+        return "uniform"
+    return "narrow"
+
+
 HARMLESS_WHEN_IGNORED = ("checkpoint_dir", "self_samples_dir")  # a place that is not used: warned about, not refused
 
 
@@ -114,7 +123,8 @@ class MergeOptions:
     inv: str = option("polar", "parameterisation of the per-head invertible maps", group=LEARNED,
                       choices=("polar", "expm", "direct"))
     lambda_dist: str | None = option(None, "λ per step: uniform U(0,1) or narrow U(0.4,0.6); N models: Dirichlet(1) or "
-                                     "Dirichlet(36) (default: narrow for lm, uniform for dual)", group=LEARNED,
+                                     "Dirichlet(36) (default narrow; dual on images or N models: uniform)",
+                                     group=LEARNED,
                                      choices=LAMBDA_DISTRIBUTIONS)
     train_data: str | None = option(None, "training data for lm/dual, same forms as --data, or a token file FILE.npy "
                                     f"(`hf-rebasin tokenize`, read memory-mapped), or {SELF_DATA}: sampled from the "
@@ -158,8 +168,8 @@ class MergeOptions:
     def resolution(self, n_models: int) -> int:
         return self.simplex_resolution or default_resolution(n_models)
 
-    def learned_lambda_dist(self) -> str:
-        return self.lambda_dist or DEFAULT_LAMBDA_DIST.get(self.method, "uniform")
+    def learned_lambda_dist(self, n_models: int = 2, task: str = "causal-lm") -> str:
+        return self.lambda_dist or default_lambda_dist(self.method, n_models, task)
 
     def warmup_steps(self) -> int:
         return max(1, self.steps // 10) if self.warmup is None else self.warmup

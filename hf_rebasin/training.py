@@ -121,11 +121,14 @@ def run_training(model: torch.nn.Module, loss_of_batch, n_examples: int, *, seed
 
 def train_causal_lm(config, windows: torch.Tensor, *, seed: int, steps: int, batch_size: int, lr: float,
                     warmup: int | None = None, weight_decay: float = 0.1, grad_clip: float = 1.0,
-                    log_every: int = 10, progress: bool = True, log: list | None = None) -> torch.nn.Module:
+                    log_every: int = 10, progress: bool = True, log: list | None = None,
+                    data_seed: int | None = None) -> torch.nn.Module:
     """Train `AutoModelForCausalLM.from_config(config)` on token windows (n, seq_len) by next-token loss.
 
     `torch.manual_seed(seed)` is set before the model is built, so the seed changes the
     initialisation, the data order and any dropout; the same seed gives bitwise the same weights.
+    `data_seed` (default `seed`): a separate seed for the data order (two models of one initialisation
+    trained on different orders, as Pythia's standard and deduplicated runs share their seed).
     `warmup` defaults to 5% of the steps. Returns the model in eval mode.
     """
     from transformers import AutoModelForCausalLM
@@ -151,9 +154,10 @@ def train_causal_lm(config, windows: torch.Tensor, *, seed: int, steps: int, bat
         batch = windows[index]
         return model(input_ids=batch, labels=batch).loss
 
-    return run_training(model, loss_of_batch, len(windows), seed=seed, steps=steps, batch_size=batch_size,
-                        lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
-                        log_every=log_every, progress=progress, desc=f"train LM (seed {seed})", log=log)
+    return run_training(model, loss_of_batch, len(windows), seed=seed if data_seed is None else data_seed,
+                        steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, weight_decay=weight_decay,
+                        grad_clip=grad_clip, log_every=log_every, progress=progress, desc=f"train LM (seed {seed})",
+                        log=log)
 
 
 def shift_images(images: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:

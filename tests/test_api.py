@@ -36,4 +36,13 @@ def test_api_options_are_checked_before_anything_is_loaded(tmp_path):
     with pytest.raises(OptionError, match="^lambdas must be in"):  # the keyword, not the flag (issue 28)
         hf_rebasin.barrier([tmp_path / "no-such-a", tmp_path / "no-such-b"], lambdas=1)
     options = MergeOptions(method="dual", steps=10, learn_batch_size=8)
-    assert options.learned_lambda_dist() == "uniform" and options.warmup_steps() == 1
+    assert options.warmup_steps() == 1
+    # the λ default follows BENCHMARKS.md: narrow, but dual on images or N models uniform; lm narrow throughout
+    assert options.learned_lambda_dist(2, "causal-lm") == "narrow"
+    assert options.learned_lambda_dist(2, "image-classification") == "uniform"
+    assert options.learned_lambda_dist(3, "causal-lm") == "uniform"
+    lm = MergeOptions(method="lm", steps=10, learn_batch_size=8)
+    assert {lm.learned_lambda_dist(n, task) for n in (2, 3) for task in ("causal-lm", "image-classification")} == {
+        "narrow"}
+    chosen = MergeOptions(method="dual", steps=10, learn_batch_size=8, lambda_dist="uniform")
+    assert chosen.learned_lambda_dist(2, "causal-lm") == "uniform"

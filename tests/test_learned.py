@@ -264,6 +264,22 @@ def test_n_way_learned_transforms_are_exact_symmetries(kind, method, tiny_dirs, 
     assert trained_loss == pytest.approx(evaluate(models.instantiate(merged, template), batch)["loss"], abs=1e-4)
 
 
+@pytest.mark.parametrize("kind,expected", [("gpt_neox", "narrow"), ("vit", "uniform")])
+def test_dual_lambda_default_follows_the_task(kind, expected, tiny_dirs, tmp_path):
+    """Two language models: λ ~ U(0.4, 0.6); two image classifiers: U(0, 1) (BENCHMARKS.md, "What limits dual")."""
+    template, first = graph_of(tiny_dirs[kind])
+    second = graph_of(tiny.make_tiny(kind, tmp_path / "other", seed=7))[1]
+    data = random_images() if tiny.is_image_model(kind) else random_windows()
+    settings = MergeOptions(method="dual", steps=8, lr=0.01, learn_batch_size=8, eval_every=0, holdout=0)
+    identity = symmetry.Transform.identity(first.spec)
+    result = learn([first, second], Alignment([identity, identity]), template, data, None, settings, progress=False)
+    assert result.settings["learned"]["lambda_dist"] == expected
+    lams = [entry["lambda"] for entry in result.log if "lambda" in entry]
+    assert len(lams) == 8
+    inside = [0.4 <= lam <= 0.6 for lam in lams]
+    assert all(inside) if expected == "narrow" else not all(inside), lams
+
+
 def test_n_way_plain_init_is_refused(tiny_dirs, tmp_path):
     template, graph = graph_of(tiny_dirs["gpt_neox"])
     with pytest.raises(UserError, match="--init absorbed"):
@@ -411,7 +427,7 @@ def test_learned_matching_lowers_the_held_out_barrier(trained_pair, tmp_path):
     for method in ("lm", "dual"):
         assert reports[method]["endpoint_loss"] == pytest.approx(reports["wm"]["endpoint_loss"], abs=1e-4)
     dual = reports["dual"]
-    assert dual["method"] == "dual" and dual["settings"]["learned"]["lambda_dist"] == "uniform"
+    assert dual["method"] == "dual" and dual["settings"]["learned"]["lambda_dist"] == "narrow"
     assert not dual["settings"]["notes"]  # trained on --train-data, not on the evaluation data
     assert any("heldout_midpoint_barrier" in entry for entry in dual["match_log"])
     # the exported merged model is the midpoint of the learned path

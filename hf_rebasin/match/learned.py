@@ -57,12 +57,12 @@ LEARNED_SETTINGS = ("method", "steps", "lr", "warmup", "learn_batch_size", "grad
                     "checkpoint_dir", "resume", "learn_precision", "device", "gradient_checkpointing", "fsdp")
 
 
-def trajectory_settings(options) -> dict:
+def trajectory_settings(options, n_models: int, task: str) -> dict:
     """The settings that determine the trajectory (a resumed run must match them)."""
     return {"method": options.method, "steps": options.steps, "lr": options.lr, "batch_size": options.learn_batch_size,
             "init": options.init, "orth": options.orth, "inv": options.inv,
             "seed": options.learn_seed, "precision": options.learn_precision,
-            "lambda_dist": options.learned_lambda_dist(), "warmup": options.warmup_steps(),
+            "lambda_dist": options.learned_lambda_dist(n_models, task), "warmup": options.warmup_steps(),
             "holdout": options.holdout, "eval_every": options.eval_every}
 
 
@@ -211,7 +211,7 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
     accelerator = make_accelerator(options)
     options.check(n, accelerator.num_processes)
     fingerprint = {"models": [digest_graph(g) for g in graphs], "train_data": digest_data(train),
-                   "settings": trajectory_settings(options)}
+                   "settings": trajectory_settings(options, n, train.task)}
     resume_state = load_checkpoint(options.resume, fingerprint) if options.resume else None
     train, holdout = split_holdout(train, options.holdout)
 
@@ -242,7 +242,8 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
         else:
             transforms.append(start.transforms[k] if end is None else end)
     settings = {"learned": {**{name: getattr(options, name) for name in LEARNED_SETTINGS},
-                            "lambda_dist": options.learned_lambda_dist(), "warmup": options.warmup_steps()},
+                            "lambda_dist": options.learned_lambda_dist(n, train.task),
+                            "warmup": options.warmup_steps()},
                 "wm": start.settings, "num_processes": accelerator.num_processes, "device": str(device),
                 "learned_parameters": sum(p.numel() for p in path_loss.parameters() if p.requires_grad),
                 "model_parameters": path_loss.model_parameters, "endpoint_storage": endpoint_storage(path_loss),

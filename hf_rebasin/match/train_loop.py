@@ -275,7 +275,7 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
             model = accelerator.prepare_model(path_loss)
     everywhere = path_loss.sharded  # a sharded forward needs every process: held-out estimates run on all
     micro = s.learn_batch_size // (s.grad_accum * world)
-    distribution = s.learned_lambda_dist()
+    distribution = s.learned_lambda_dist(path_loss.n_models, train.task)
     plan = StepPlan(len(train.inputs), s.learn_batch_size, s.learn_seed, LAMBDA_RANGES[distribution],
                     path_loss.n_models, DIRICHLET_CONCENTRATION[distribution])
     held_out = _subset(eval_data, s.eval_subset) if s.eval_every > 0 else None

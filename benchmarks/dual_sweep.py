@@ -1,0 +1,81 @@
+"""Learned-matching settings compared on one pair: the test barrier, the match time and the held-out midpoint
+loss (training examples kept out) and the barrier on a subset of the evaluation text (shown in the progress
+bar) along the optimisation (to tell a run that plateaus from one that is cut short).
+
+    .venv/bin/python benchmarks/dual_sweep.py --pair neox-stdlib-long --seq-len 128 \\
+        --train-data runs/pairs/neox-stdlib-long/train.npy \\
+        --config "--steps 300" --config "--steps 1000 --lr 1e-2" --config "--method wm" \\
+        [--seeds 2,3 | --shared-init 1] [--json runs/dual_sweep.jsonl]
+
+Each --config is a list of merge flags added to `--method dual` (or `--method lm ...`: a config may name its
+method).  --train-data defaults to the pair's train split (a `hf-rebasin tokenize` file of it loads faster).
+One JSON line per config is appended to --json and printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def run_config(pair: dict, config: list[str], seq_len: int | None, max_tokens: int, train_data: str | None) -> dict:
+    from barrier_table import barrier_options, measure
+    method = "dual"
+    if "--method" in config:
+        at = config.index("--method")
+        method, config = config[at + 1], config[:at] + config[at + 2:]
+    if train_data:
+        pair = {**pair, "train_data": train_data}
+    report, seconds = measure([pair["model_a"], pair["model_b"]],
+                              barrier_options(pair, method, seq_len, max_tokens, config))
+    log = report.get("match_log") or []
+    curve = [(e["step"], round(e["holdout_midpoint_loss"], 4)) for e in log
+             if "holdout_midpoint_loss" in e and "step" in e]
+    barriers = [(e["step"], round(e["heldout_midpoint_barrier"], 4)) for e in log if "heldout_midpoint_barrier" in e]
+    selected = next((e["selected_step"] for e in log if "selected_step" in e), None)
+    return {"method": method, "config": " ".join(config), "barrier": report["barrier"],
+            "match_s": report["timings"]["match_s"], "total_s": round(seconds, 1),
+            "holdout_curve": curve, "eval_subset_barrier_curve": barriers,
+            "selected_step": selected}
+
+
+def main() -> None:
+    import pairs
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", default="neox-stdlib-long")
+    parser.add_argument("--config", action="append", required=True, help="merge flags of one run (quoted)")
+    parser.add_argument("--seq-len", type=int)
+    parser.add_argument("--max-eval-tokens", type=int, default=65536)
+    parser.add_argument("--train-data", help="instead of the pair's train split")
+    parser.add_argument("--seeds", help="A,B: two further models of the pair's recipe instead of the cached pair")
+    parser.add_argument("--shared-init", type=int, metavar="DATA_SEED",
+                        help="model A and a model of A's initialisation trained on another data order "
+                             "(pairs.shared_init_model), instead of the cached pair")
+    parser.add_argument("--json", default="runs/dual_sweep.jsonl", help="JSON lines appended here")
+    args = parser.parse_args()
+    pair = pairs.get_pair(args.pair)
+    name = args.pair
+    if args.seeds:
+        seeds = [int(s) for s in args.seeds.split(",")]
+        model_a, model_b = pairs.extra_models(args.pair, seeds)
+        pair, name = {**pair, "model_a": model_a, "model_b": model_b}, f"{args.pair} (seeds {args.seeds})"
+    if args.shared_init is not None:
+        pair = {**pair, "model_b": pairs.shared_init_model(args.pair, args.shared_init)}
+        name = f"{args.pair} (shared initialisation, data order {args.shared_init})"
+    out = pairs.resolve_cache(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for config in args.config:
+        start = time.strftime("%Y-%m-%d %H:%M")
+        row = {"pair": name, "started": start, **run_config(pair, config.split(), args.seq_len,
+                                                            args.max_eval_tokens, args.train_data)}
+        print(json.dumps(row), flush=True)
+        with out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
