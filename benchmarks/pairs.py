@@ -354,29 +354,10 @@ def extra_models(name: str, seeds: list[int], cache_dir: str | Path = "runs/pair
                  progress: bool = True) -> list[str]:
     """Further models of a pair (extra_model), several seeds; the long stdlib recipe trains them at once, one
     thread each (as its pair was), and writes each one's training log beside it."""
-    settings = PAIRS[name]
-    if settings.get("corpus") != "stdlib":
+    if PAIRS[name].get("corpus") != "stdlib":
         return [extra_model(name, seed, cache_dir, progress=progress) for seed in seeds]
-    from concurrent.futures import ProcessPoolExecutor
-
-    from transformers import AutoTokenizer
-    pair = get_pair(name, cache_dir, progress=progress)
     folders = {seed: resolve_cache(cache_dir) / name / f"model-seed{seed}" for seed in seeds}
-    todo = [seed for seed, folder in folders.items() if not folder.is_dir()]
-    if todo:
-        tokenizer = AutoTokenizer.from_pretrained(pair["model_a"])
-        windows = token_windows(read_texts(pair["train_data"]), tokenizer, settings["seq_len"])
-        partials = {seed: folders[seed].with_name(folders[seed].name + ".partial") for seed in todo}
-        for partial in partials.values():
-            shutil.rmtree(partial, ignore_errors=True)
-        with ProcessPoolExecutor(len(todo)) as pool:
-            runs = {seed: pool.submit(train_seed_in_process, settings, tokenizer, windows, seed, partials[seed])
-                    for seed in todo}
-            logs = {seed: run.result() for seed, run in runs.items()}
-        for seed in todo:
-            write_atomic_bytes(resolve_cache(cache_dir) / name / f"train-log-model-seed{seed}.json",
-                               lambda path, log=logs[seed]: path.write_text(json.dumps(log) + "\n"))
-            partials[seed].rename(folders[seed])
+    train_lm_models(name, {folder: (seed, None) for seed, folder in folders.items()}, cache_dir)
     return [str(folders[seed]) for seed in seeds]
 
 
@@ -384,19 +365,35 @@ def shared_init_model(name: str, data_seed: int, cache_dir: str | Path = "runs/p
     """A model of a language pair's recipe with model A's initialisation (seed 0) and another data order: with
     model A, a pair like Pythia's standard and deduplicated runs (one seed, different data streams), where two
     seeds give the harder independent pair.  cache_dir/name/model-init0-data{data_seed}, with its training log."""
-    from transformers import AutoTokenizer
-    settings, pair = PAIRS[name], get_pair(name, cache_dir)
     folder = resolve_cache(cache_dir) / name / f"model-init{SEEDS['model_a']}-data{data_seed}"
-    if not folder.is_dir():
-        tokenizer = AutoTokenizer.from_pretrained(pair["model_a"])
-        windows = token_windows(read_texts(pair["train_data"]), tokenizer, settings["seq_len"])
-        partial = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        log = train_seed_in_process(settings, tokenizer, windows, SEEDS["model_a"], partial, data_seed)
-        write_atomic_bytes(folder.with_name(f"train-log-{folder.name}.json"),
-                           lambda path: path.write_text(json.dumps(log) + "\n"))
-        partial.rename(folder)
+    train_lm_models(name, {folder: (SEEDS["model_a"], data_seed)}, cache_dir)
     return str(folder)
+
+
+def train_lm_models(name: str, jobs: dict[Path, tuple[int, int | None]], cache_dir: str | Path) -> None:
+    """Train the folders of `jobs` (folder -> (seed, data seed)) that do not exist yet by a language pair's recipe,
+    all at once, one thread each; each one's log (training seconds, running loss) in train-log-FOLDER.json beside
+    it.  Trained into FOLDER.partial and renamed, so an interrupted run leaves nothing to mistake for a model."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from transformers import AutoTokenizer
+    todo = {folder: job for folder, job in jobs.items() if not folder.is_dir()}
+    if not todo:
+        return
+    settings, pair = PAIRS[name], get_pair(name, cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(pair["model_a"])
+    windows = token_windows(read_texts(pair["train_data"]), tokenizer, settings["seq_len"])
+    partials = {folder: folder.with_name(folder.name + ".partial") for folder in todo}
+    for partial in partials.values():
+        shutil.rmtree(partial, ignore_errors=True)
+    with ProcessPoolExecutor(len(todo)) as pool:
+        runs = {folder: pool.submit(train_seed_in_process, settings, tokenizer, windows, seed, partials[folder],
+                                    data_seed) for folder, (seed, data_seed) in todo.items()}
+        logs = {folder: run.result() for folder, run in runs.items()}
+    for folder in todo:
+        write_atomic_bytes(folder.with_name(f"train-log-{folder.name}.json"),
+                           lambda path, log=logs[folder]: path.write_text(json.dumps(log) + "\n"))
+        partials[folder].rename(folder)
 
 
 def describe(name: str, pair: dict) -> str:

@@ -168,7 +168,7 @@ class MergeOptions:
     def resolution(self, n_models: int) -> int:
         return self.simplex_resolution or default_resolution(n_models)
 
-    def learned_lambda_dist(self, n_models: int = 2, task: str = "causal-lm") -> str:
+    def learned_lambda_dist(self, n_models: int, task: str) -> str:
         return self.lambda_dist or default_lambda_dist(self.method, n_models, task)
 
     def warmup_steps(self) -> int:
