@@ -5,11 +5,12 @@ bar) along the optimisation (to tell a run that plateaus from one that is cut sh
     .venv/bin/python benchmarks/dual_sweep.py --pair neox-stdlib-long --seq-len 128 \\
         --train-data runs/pairs/neox-stdlib-long/train.npy \\
         --config "--steps 300" --config "--steps 1000 --lr 1e-2" --config "--method wm" \\
-        [--seeds 2,3 | --shared-init 1] [--json runs/dual_sweep.jsonl]
+        [--seeds 2,3 | --shared-init 1] [--freeze glu,qk,ov] [--json runs/dual_sweep.jsonl]
 
 Each --config is a list of merge flags added to `--method dual` (or `--method lm ...`: a config may name its
 method).  --train-data defaults to the pair's train split (a `hf-rebasin tokenize` file of it loads faster).
-One JSON line per config is appended to --json and printed.
+--freeze (an ablation) keeps the named parts of the continuous group at their weight-matching start: rotation,
+qk / ov (the per-head maps), glu (the GLU scales).  One JSON line per config is appended to --json and printed.
 """
 from __future__ import annotations
 
@@ -43,6 +44,28 @@ def run_config(pair: dict, config: list[str], seq_len: int | None, max_tokens: i
             "selected_step": selected}
 
 
+FROZEN_PARTS = ("rotation", "qk", "ov", "glu")
+
+
+def freeze_parts(parts: list[str]) -> None:
+    """From now on, every learned group element keeps `parts` at its start (requires_grad off: the optimiser
+    skips them)."""
+    from hf_rebasin.match import params
+
+    unknown = sorted(set(parts) - set(FROZEN_PARTS))
+    if unknown:
+        raise SystemExit(f"--freeze: unknown part(s) {', '.join(unknown)}; choose from {', '.join(FROZEN_PARTS)}")
+    build = params.SymmetryParams.__init__
+
+    def build_frozen(self, *args, **kwargs):
+        build(self, *args, **kwargs)
+        for part in (getattr(self, name) for name in parts):
+            for parameter in [] if part is None else part.parameters():
+                parameter.requires_grad_(False)
+
+    params.SymmetryParams.__init__ = build_frozen
+
+
 def main() -> None:
     import pairs
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,8 +78,12 @@ def main() -> None:
     parser.add_argument("--shared-init", type=int, metavar="DATA_SEED",
                         help="model A and a model of A's initialisation trained on another data order "
                              "(pairs.shared_init_model), instead of the cached pair")
+    parser.add_argument("--freeze", default="", help=f"comma-separated parts kept at their start: {FROZEN_PARTS}")
     parser.add_argument("--json", default="runs/dual_sweep.jsonl", help="JSON lines appended here")
     args = parser.parse_args()
+    frozen = [part for part in args.freeze.split(",") if part]
+    if frozen:
+        freeze_parts(frozen)
     pair = pairs.get_pair(args.pair)
     name = args.pair
     if args.seeds:
@@ -70,8 +97,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     for config in args.config:
         start = time.strftime("%Y-%m-%d %H:%M")
-        row = {"pair": name, "started": start, **run_config(pair, config.split(), args.seq_len,
-                                                            args.max_eval_tokens, args.train_data)}
+        result = run_config(pair, config.split(), args.seq_len, args.max_eval_tokens, args.train_data)
+        row = {"pair": name, "started": start, **({"frozen": frozen} if frozen else {}), **result}
         print(json.dumps(row), flush=True)
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
