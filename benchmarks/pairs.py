@@ -71,19 +71,6 @@ PAIRS: dict[str, dict] = {
         "seq_len": 128,
         "training": dict(steps=3700, batch_size=32, lr=3e-3, warmup=100, weight_decay=0.1, log_every=50),
     },
-    # the long recipe at Pythia-14M's shape (6 layers, d 128, 512 FFN units): does width close what dual leaves on
-    # the d-64 pair? (issue 29, part 3)
-    "neox-stdlib-wide": {
-        "task": "causal-lm",
-        "corpus": "stdlib",
-        "vocab_size": 1024,
-        "config_class": "GPTNeoXConfig",
-        "config": dict(hidden_size=128, num_hidden_layers=6, num_attention_heads=4, intermediate_size=512,
-                       rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=256,
-                       tie_word_embeddings=False),
-        "seq_len": 128,
-        "training": dict(steps=3700, batch_size=32, lr=3e-3, warmup=100, weight_decay=0.1, log_every=50),
-    },
     "qwen2-shakespeare": {  # a full-group family (LLaMA's group): GQA, q/k/v biases, tied embeddings
         "task": "causal-lm",
         "config_class": "Qwen2Config",
@@ -115,17 +102,6 @@ PAIRS: dict[str, dict] = {
         "seq_len": 128,
         "training": dict(steps=300, batch_size=8, lr=3e-3, warmup=15, weight_decay=0.1),
     },
-    # the same without GQA (4 KV heads): what sharing one per-head map across a KV group costs (issue 29, part 4)
-    "qwen2-shakespeare-bpe512-mha": {
-        "task": "causal-lm",
-        "tokenizer": "bpe",
-        "vocab_size": 512,
-        "config_class": "Qwen2Config",
-        "config": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-                       intermediate_size=256, max_position_embeddings=256, tie_word_embeddings=True),
-        "seq_len": 128,
-        "training": dict(steps=300, batch_size=8, lr=3e-3, warmup=15, weight_decay=0.1),
-    },
     "vit-digits": {
         "task": "image-classification",
         "model_args": dict(in_chans=1, img_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4,
@@ -135,6 +111,14 @@ PAIRS: dict[str, dict] = {
         "training": dict(steps=1500, batch_size=64, lr=2e-3, warmup=75, weight_decay=0.05, max_shift=1),
     },
 }
+
+# the long recipe at Pythia-14M's shape (6 layers, d 128, 512 FFN units): does width close what dual leaves on the
+# d-64 pair? (issue 29, part 3)
+PAIRS["neox-stdlib-wide"] = {**PAIRS["neox-stdlib-long"], "config": {
+    **PAIRS["neox-stdlib-long"]["config"], "hidden_size": 128, "num_hidden_layers": 6, "intermediate_size": 512}}
+# the Qwen2 pair without GQA (4 KV heads): what sharing one per-head map across a KV group costs (issue 29, part 4)
+PAIRS["qwen2-shakespeare-bpe512-mha"] = {**PAIRS["qwen2-shakespeare-bpe512"], "config": {
+    **PAIRS["qwen2-shakespeare-bpe512"]["config"], "num_key_value_heads": 4}}
 
 
 class PairError(RuntimeError):
