@@ -240,7 +240,7 @@ def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, 
     import torch
 
     from .sources.eval_data import check_seq_len, default_seq_len
-    from .sources.self_samples import Sampling, sampled_data, start_token, weights_digest
+    from .sources.self_samples import Sampling, chain_settings, sampled_data, start_token, weights_digest
     from .sources.token_files import vocabulary_digest
     start = time.perf_counter()
     seq_len = options.seq_len or default_seq_len(template)
@@ -260,7 +260,7 @@ def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, 
     sampling = Sampling(models=tuple(weights_digest(m.files.files) for m in loaded),
                         vocabulary_digest=vocabulary_digest(tokenizer), windows=windows, seq_len=seq_len,
                         temperature=options.self_temperature, top_p=options.self_top_p, seed=options.learn_seed,
-                        start_token=start_token(tokenizer), vocab_size=len(tokenizer))
+                        start_token=start_token(tokenizer), vocab_size=len(tokenizer), **chain_settings())
     device = options.resolved_device()
     flag = "--train-data" if learned and options.train_data else "--match-data"
     first = nullcontext()

@@ -15,7 +15,17 @@ from conftest import HF_REBASIN, short_dual
 from hf_rebasin.errors import OptionError
 from hf_rebasin.options import MergeOptions
 from hf_rebasin.sources import models as sources
-from hf_rebasin.sources.self_samples import Sampling, draw, sample_sequences, sampled_data, start_token, weights_digest
+from hf_rebasin.sources.self_samples import (
+    CARRIED,
+    CHAIN,
+    Sampling,
+    draw,
+    drawn_tokens,
+    sample_sequences,
+    sampled_data,
+    start_token,
+    weights_digest,
+)
 from hf_rebasin.sources.token_files import metadata_path, vocabulary_digest
 
 SEQ_LEN = 16
@@ -53,6 +63,16 @@ class Loader:
     def __call__(self):
         self.calls += 1
         return [m.backend.load_model(m) for m in self.loaded]
+
+
+class Counter:
+    """A progress bar that only counts."""
+
+    def __init__(self):
+        self.n = 0
+
+    def update(self, k):
+        self.n += k
 
 
 def sample(loaded, tokenizer, folder, **changes):
@@ -119,6 +139,41 @@ def test_each_model_writes_its_share_interleaved(loaded, tokenizer, tmp_path):
     assert not torch.equal(swapped.inputs[:][1::2][:5], windows[0::2][:5])
 
 
+def test_a_chain_of_windows_continues_one_text_and_holds_what_the_model_read(loaded, tokenizer):
+    """chain = 3, carried = 6: a text's next window begins with the last 6 tokens of the one before, and every
+    token after those is what the model draws from that window alone (greedy, top-p tiny: the argmax of a full
+    forward pass without the cache), so a window holds exactly the context it was sampled from."""
+    settings = sampling(loaded, tokenizer, chain=3, carried=6, top_p=1e-6, batch=2)
+    model = loaded[0].backend.load_model(loaded[0])
+    bar = Counter()
+    batches = list(sample_sequences(model, 7, settings, torch.Generator().manual_seed(0), "cpu", bar))
+    assert [len(b) for b in batches] == [2, 2, 2, 1]  # 2 texts of 3 windows, then a text cut to its first window
+    assert bar.n == drawn_tokens(7, settings) == 2 * (15 + 2 * 10) + 15  # the progress bar's total
+    first, second, third = batches[:3]
+    assert (first[:, 0] == settings.start_token).all() and (batches[3][:, 0] == settings.start_token).all()
+    assert torch.equal(second[:, :6], first[:, -6:]) and torch.equal(third[:, :6], second[:, -6:])
+    assert (second[:, 0] != settings.start_token).any()  # the continuations begin in the middle of a text
+    for window in (first, second, third):
+        with torch.no_grad():
+            greedy = model(input_ids=window).logits[:, :-1, :settings.vocab_size].argmax(-1)
+        begins = 1 if window is first else 6
+        assert torch.equal(window[:, begins:], greedy[:, begins - 1:])
+    with pytest.raises(ValueError, match="carries 1 to seq_len - 1"):
+        sampling(loaded, tokenizer, chain=2, carried=0)
+
+
+def test_chained_samples_are_deterministic_and_cached_by_their_chain(loaded, tokenizer, tmp_path):
+    chained, _ = sample(loaded, tokenizer, tmp_path, chain=4, carried=8)
+    again, calls = sample(loaded, tokenizer, tmp_path, chain=4, carried=8)
+    single, _ = sample(loaded, tokenizer, tmp_path)
+    assert calls == 0 and file_bytes(again) == file_bytes(chained)
+    assert single.inputs.path != chained.inputs.path and chained.info["sampling"]["chain"] == 4
+    windows = chained.inputs[:]
+    for k in (0, 1):  # each model samples 4 texts together (batch 4): their first windows, then the next ones
+        own = windows[k::2]
+        assert (own[:4, 0] == start_token(tokenizer)).all() and torch.equal(own[4, :8], own[0, -8:])
+
+
 def test_top_p_keeps_the_most_probable_tokens_only():
     logits = torch.log(torch.tensor([[0.05, 0.5, 0.15, 0.3]])).repeat(2000, 1)
     generator = torch.Generator().manual_seed(0)
@@ -160,10 +215,12 @@ def test_learned_matching_on_self_samples_reports_them_and_never_evaluates_on_th
     report = json.loads((tmp_path / "out" / "barrier.json").read_text())
     samples = report["settings"]["self_samples"]
     assert samples["windows"] == 1024 // 32 and samples["sampling"]["temperature"] == 0.8
+    assert samples["sampling"]["chain"] == CHAIN and samples["sampling"]["carried"] == CARRIED
     assert report["settings"]["train_data"]["spec"] == "self"
     assert report["settings"]["train_data"]["digest"] == samples["digest"] != report["data"]["digest"]
     card = (tmp_path / "out" / "README.md").read_text()
     assert "sampled from the models" in card and samples["digest"] in card and "temperature 0.8" in card
+    assert CARRIED == 1 and f"over up to {CHAIN} windows, the next beginning with the last token of" in card
     assert re.search(r"\*\*Time\*\*: load [\d.]+ s, sample [\d.]+ s, match [\d.]+ s", card)
 
     # the samples are compared with the evaluation data by content, like any training data: evaluated on the

@@ -188,9 +188,15 @@ def self_samples_line(report: Report) -> str | None:
         return None
     sampling = samples.get("sampling", {})
     use = "trained on" if report.method in ("lm", "dual") else "matched on"
+    chain = sampling.get("chain", 1)
+    carried = sampling.get("carried")
+    texts = (f"texts starting with token {sampling.get('start_token')}, each over up to {chain} windows, the next "
+             f"beginning with the last {'token' if carried == 1 else f'{carried} tokens'} of the one before"
+             if chain > 1 else
+             f"each starting with token {sampling.get('start_token')}")
     return (f"{use} {samples['tokens']:,} tokens sampled from the models themselves ({samples['windows']:,} "
-            f"sequences of {sampling.get('seq_len')} tokens, {' / '.join(map(str, samples.get('per_model', [])))} "
-            f"per model, each starting with token {sampling.get('start_token')}; temperature "
+            f"windows of {sampling.get('seq_len')} tokens, {' / '.join(map(str, samples.get('per_model', [])))} "
+            f"per model; {texts}; temperature "
             f"{sampling.get('temperature')}, top-p {sampling.get('top_p')}, seed {sampling.get('seed')}; token file "
             f"digest {samples.get('digest')})")
 

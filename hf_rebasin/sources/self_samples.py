@@ -3,11 +3,13 @@
 
 Every model writes an equal share of the sequences (N models: all of them, the first W mod N one more), and the
 file interleaves them (window i comes from model i mod N), so that any prefix of it -- what activation matching
-reads -- holds every model's share.  A sequence starts with the tokenizer's BOS token, else its EOS token (the
-document separator of the token protocol, data.token_stream: what a document begins after), and continues for
-``seq_len - 1`` sampled tokens; an EOS drawn on the way is kept and sampling goes on into the next document, as
-the windows of real text run across documents.  The start token is part of the window: a window holds exactly
-the tokens the model was conditioned on.
+reads -- holds every model's share.  A text starts with the tokenizer's BOS token, else its EOS token (the
+document separator of the token protocol, data.token_stream: what a document begins after); an EOS drawn on the
+way is kept and sampling goes on into the next document, as the windows of real text run across documents.  A
+text runs over CHAIN windows: the first is the start token and ``seq_len - 1`` sampled tokens, each next one
+begins with the last CARRIED tokens of the window before and is sampled on from those alone, so that most
+windows, like most windows of real text, begin in the middle of a document rather than at its start (measured:
+1 token carried did best, BENCHMARKS.md).  A window holds exactly the tokens the model was conditioned on.
 
 Sampling is batched (SAMPLE_BATCH sequences of one model at a time) with the model's KV cache, at temperature T
 and nucleus top-p, from one torch.Generator per model seeded by ``--learn-seed``: on one device the same
@@ -18,6 +20,7 @@ match its name (edited, or written by another version) is sampled again."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,7 +33,14 @@ from .eval_data import EvalData
 from .token_files import metadata_path, open_token_windows, write_ids
 
 SAMPLE_BATCH = 64  # sequences of one model sampled together; fixed, so that the tokens do not depend on a flag
+CHAIN = 8  # windows per sampled text (measured: BENCHMARKS.md, "Self-sampled texts that run over several windows")
+CARRIED = 1  # tokens of a window that begin the next one of its text (measured there too)
 FORMAT = "hf-rebasin-self-samples/1"
+
+
+def chain_settings() -> dict:
+    """The chain fields of Sampling."""
+    return dict(chain=CHAIN, carried=CARRIED if CHAIN > 1 else 0)
 
 
 @dataclass(frozen=True)
@@ -46,8 +56,14 @@ class Sampling:
     seed: int
     start_token: int
     vocab_size: int  # ids are drawn below it: the tokenizer's vocabulary (a model's embedding may have spare rows)
+    chain: int = 1  # windows of one sampled text: the first begins at the start token, the next ones continue it
+    carried: int = 0  # tokens of a window that begin the next window of its chain (its context when sampled on)
     batch: int = SAMPLE_BATCH
     format: str = FORMAT
+
+    def __post_init__(self):
+        if self.chain > 1 and not 0 < self.carried < self.seq_len:
+            raise ValueError(f"a chain of windows carries 1 to seq_len - 1 tokens into the next, not {self.carried}")
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
@@ -93,41 +109,63 @@ def draw(logits: torch.Tensor, temperature: float, top_p: float, generator: torc
 
 
 @torch.no_grad()
+def continue_to(model, context: torch.Tensor, sampling: Sampling, generator: torch.Generator, bar=None):
+    """`context` (batch, c) continued by sampling to (batch, seq_len), with the model's KV cache."""
+    tokens, cache, inputs = [context], None, context
+    for _ in range(sampling.seq_len - context.shape[1]):
+        out = model(input_ids=inputs, cache=cache, use_cache=True)
+        cache = out.cache
+        inputs = draw(out.logits[:, -1, :sampling.vocab_size], sampling.temperature, sampling.top_p, generator)
+        tokens.append(inputs)
+        if bar is not None:
+            bar.update(len(inputs))
+    return torch.cat(tokens, dim=1)
+
+
 def sample_sequences(model, n: int, sampling: Sampling, generator: torch.Generator, device, bar=None):
-    """`n` sequences of `model`, SAMPLE_BATCH at a time (LongTensor (batch, seq_len) on the CPU per batch)."""
-    for first in range(0, n, sampling.batch):
-        batch = min(sampling.batch, n - first)
-        token = torch.full((batch, 1), sampling.start_token, dtype=torch.long, device=device)
-        tokens, cache = [token], None
-        for _ in range(sampling.seq_len - 1):
-            out = model(input_ids=token, cache=cache, use_cache=True)
-            cache = out.cache
-            token = draw(out.logits[:, -1, :sampling.vocab_size], sampling.temperature, sampling.top_p, generator)
-            tokens.append(token)
-            if bar is not None:
-                bar.update(batch)
-        yield torch.cat(tokens, dim=1).cpu()
+    """`n` windows of `model` (LongTensor (rows, seq_len) on the CPU per yield).  SAMPLE_BATCH texts are sampled
+    together, `chain` windows each: the first window begins at the start token, each next one with the last
+    `carried` tokens of the one before (sampled from afresh, as the model reads a window of real text cut from
+    the middle of a document) and goes on for seq_len - carried tokens."""
+    per_group = sampling.batch * sampling.chain
+    for first in range(0, n, per_group):
+        left = min(per_group, n - first)
+        batch = min(sampling.batch, left)
+        window = torch.full((batch, 1), sampling.start_token, dtype=torch.long, device=device)
+        for _ in range(sampling.chain):
+            if left <= 0:
+                break
+            window = continue_to(model, window, sampling, generator, bar)
+            yield window[:left].cpu()
+            left -= batch
+            window = window[:, sampling.seq_len - sampling.carried:]
 
 
-def interleaved(models: list, sampling: Sampling, device, progress: bool):
-    """The windows of every model, interleaved (window i from model i mod N), as flat id arrays."""
+def drawn_tokens(n: int, sampling: Sampling) -> int:
+    """How many tokens sample_sequences draws for `n` windows (the progress bar's total)."""
+    total = 0
+    for first in range(0, n, sampling.batch * sampling.chain):
+        left = min(sampling.batch * sampling.chain, n - first)
+        batch = min(sampling.batch, left)
+        links = -(-left // batch)
+        total += batch * (sampling.seq_len - 1 + (links - 1) * (sampling.seq_len - sampling.carried))
+    return total
+
+
+def interleaved(models: list, sampling: Sampling, device, progress: bool, block: int = 1024):
+    """The windows of every model, interleaved (window i from model i mod N), as flat id arrays of up to `block`
+    windows."""
     from ..progress import tqdm
     shares, n = sampling.shares(), len(models)
-    with tqdm(total=sampling.windows * (sampling.seq_len - 1), desc="sampling", unit="tok", unit_scale=True,
-              disable=not progress) as bar:
-        streams = [sample_sequences(model, share, sampling,
-                                    torch.Generator(device=device).manual_seed(sampling.seed * 1_000_003 + k),
-                                    device, bar)
-                   for k, (model, share) in enumerate(zip(models, shares))]
-        done = [0] * n
-        while any(d < s for d, s in zip(done, shares)):
-            batches = [next(stream) if d < s else None for stream, d, s in zip(streams, done, shares)]
-            block = torch.empty(sum(len(b) for b in batches if b is not None), sampling.seq_len, dtype=torch.long)
-            for k, b in enumerate(batches):
-                if b is not None:
-                    block[k::n][:len(b)] = b  # the shares differ by at most one: the rows fill the block exactly
-                    done[k] += len(b)
-            yield block.reshape(-1).numpy()
+    total = sum(drawn_tokens(share, sampling) for share in shares)
+    with tqdm(total=total, desc="sampling", unit="tok", unit_scale=True, disable=not progress) as bar:
+        rows = [itertools.chain.from_iterable(
+            sample_sequences(model, share, sampling,
+                             torch.Generator(device=device).manual_seed(sampling.seed * 1_000_003 + k), device, bar))
+            for k, (model, share) in enumerate(zip(models, shares))]
+        for first in range(0, sampling.windows, block):
+            yield torch.stack([next(rows[i % n]) for i in range(first, min(first + block, sampling.windows))]
+                              ).reshape(-1).numpy()
 
 
 def stored_tokens(path: Path) -> int | None:
