@@ -122,34 +122,31 @@ def continue_to(model, context: torch.Tensor, sampling: Sampling, generator: tor
     return torch.cat(tokens, dim=1)
 
 
+def text_groups(n: int, sampling: Sampling):
+    """(texts, windows) of each group that sample_sequences samples together for `n` windows."""
+    for first in range(0, n, sampling.batch * sampling.chain):
+        windows = min(sampling.batch * sampling.chain, n - first)
+        yield min(sampling.batch, windows), windows
+
+
 def sample_sequences(model, n: int, sampling: Sampling, generator: torch.Generator, device, bar=None):
     """`n` windows of `model` (LongTensor (rows, seq_len) on the CPU per yield).  SAMPLE_BATCH texts are sampled
     together, `chain` windows each: the first window begins at the start token, each next one with the last
     `carried` tokens of the one before (sampled from afresh, as the model reads a window of real text cut from
     the middle of a document) and goes on for seq_len - carried tokens."""
-    per_group = sampling.batch * sampling.chain
-    for first in range(0, n, per_group):
-        left = min(per_group, n - first)
-        batch = min(sampling.batch, left)
-        window = torch.full((batch, 1), sampling.start_token, dtype=torch.long, device=device)
-        for _ in range(sampling.chain):
-            if left <= 0:
-                break
+    for texts, left in text_groups(n, sampling):
+        window = torch.full((texts, 1), sampling.start_token, dtype=torch.long, device=device)
+        while left > 0:
             window = continue_to(model, window, sampling, generator, bar)
             yield window[:left].cpu()
-            left -= batch
+            left -= texts
             window = window[:, sampling.seq_len - sampling.carried:]
 
 
 def drawn_tokens(n: int, sampling: Sampling) -> int:
     """How many tokens sample_sequences draws for `n` windows (the progress bar's total)."""
-    total = 0
-    for first in range(0, n, sampling.batch * sampling.chain):
-        left = min(sampling.batch * sampling.chain, n - first)
-        batch = min(sampling.batch, left)
-        links = -(-left // batch)
-        total += batch * (sampling.seq_len - 1 + (links - 1) * (sampling.seq_len - sampling.carried))
-    return total
+    return sum(texts * (sampling.seq_len - 1 + (-(-windows // texts) - 1) * (sampling.seq_len - sampling.carried))
+               for texts, windows in text_groups(n, sampling))
 
 
 def interleaved(models: list, sampling: Sampling, device, progress: bool, block: int = 1024):
