@@ -23,15 +23,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 PAPER = {"raw": 2.02, "am": 1.43, "wm": 0.34}  # Theus et al. Table 2, Tiny Shakespeare (their model and split)
 
 
-def barrier_options(pair: dict, method: str, seq_len: int | None, max_tokens: int, learned: list[str]):
+def barrier_options(pair: dict, method: str, seq_len: int | None, max_tokens: int, learned: list[str],
+                    am_args: list[str] = ()):
     """The options of `hf-rebasin barrier` for models of a pair: test split, am on the validation split, lm/dual
-    trained on the train split (`learned`: extra merge flags for lm/dual, parsed like the command line's)."""
+    trained on the train split (`learned`, `am_args`: extra merge flags for lm/dual and for am/am-perm, parsed
+    like the command line's)."""
     from hf_rebasin.cli import build_parser
     from hf_rebasin.options import MergeOptions, from_namespace
     method, _, data = method.partition("/")  # "dual/self": sampled from the models instead of the pair's text
     argv = ["barrier", "A", "B", "--method", method, "--data", pair["test_data"], "--max-eval-tokens", str(max_tokens)]
-    if method == "am":  # (an option a method ignores is refused)
-        argv += ["--match-data", data or pair["val_data"]]
+    if method in ("am", "am-perm"):  # (an option a method ignores is refused)
+        argv += ["--match-data", data or pair["val_data"], *am_args]
     if seq_len:
         argv += ["--seq-len", str(seq_len)]
     if method in ("lm", "dual"):
@@ -47,7 +49,7 @@ def measure(models: list[str], options) -> tuple[dict, float]:
 
 
 def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int,
-             learned: list[str] = (), seeds: tuple[int, int] | None = None) -> list[dict]:
+             learned: list[str] = (), seeds: tuple[int, int] | None = None, am_args: list[str] = ()) -> list[dict]:
     """Rows of one pair; with `seeds`, two further models of the pair's recipe trained from those seeds
     (a fresh pair, e.g. to check defaults on models they were not tuned on) instead of the cached pair."""
     import pairs
@@ -59,7 +61,7 @@ def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int
     rows = []
     for method in methods:
         report, seconds = measure([pair["model_a"], pair["model_b"]],
-                                  barrier_options(pair, method, seq_len, max_tokens, learned))
+                                  barrier_options(pair, method, seq_len, max_tokens, learned, am_args))
         metric = "perplexity" if report["task"] == "causal-lm" else "accuracy"
         mid = report["lambdas"].index(0.5)
         rows.append({"pair": name, "method": method, "barrier": report["barrier"],
@@ -69,8 +71,7 @@ def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int
                      "match_s": report["timings"]["match_s"], "total_s": seconds,
                      "rounds": max(0, sum("distance" in e for e in report.get("match_log") or []) - 1),
                      "sample_s": report["timings"].get("sample_s"),
-                     "tokens_sampled": (report["settings"].get("train_data") or {}).get("tokens")
-                     if method.endswith("/self") else None})
+                     "tokens_sampled": (report["settings"].get("self_samples") or {}).get("tokens")})
         print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 
@@ -147,12 +148,13 @@ def main() -> None:
                                             "these seeds (a fresh pair)")
     parser.add_argument("--learned-args", default="",
                         help="extra merge flags for lm/dual, e.g. '--steps 200 --lr 1e-2'")
+    parser.add_argument("--am-args", default="", help="extra merge flags for am/am-perm, e.g. '--am-batches 32'")
     args = parser.parse_args()
     rows = []
     for name in filter(None, args.pairs.split(",")):
         seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
         rows += run_pair(name, args.methods.split(","), args.seq_len, args.max_eval_tokens, args.learned_args.split(),
-                         seeds)
+                         seeds, args.am_args.split())
     for name in filter(None, args.three_way.split(",")):
         rows += run_three_way(name, args.three_way_methods.split(","), args.seq_len, args.max_eval_tokens,
                               args.learned_args.split())

@@ -8,8 +8,9 @@ trains each named pair once (fp32, CPU, deterministic) and caches it under runs/
     train.*, val.*, test.*    the fixed data split (.txt for LMs, .npz with images/labels for ViTs)
     pair.json                 settings and endpoint metrics; written last, so its presence marks a complete pair
 
-From Python: `get_pair(name)` returns the paths (training only when the cache is missing or was made with
-other settings). Relative cache folders are taken from the repository root, like the shared data
+From Python: `get_pair(name)` returns the paths (training only when the cache is missing, was made with
+other settings, or holds a tokenizer that transformers would load as another tokenization: tokenizer_as_loaded).
+Relative cache folders are taken from the repository root, like the shared data
 (../shared/data/tinyshakespeare.txt and ../shared/data/gpt2_tokenizer).
 """
 from __future__ import annotations
@@ -116,6 +117,12 @@ PAIRS: dict[str, dict] = {
 # d-64 pair? (issue 29, part 3)
 PAIRS["neox-stdlib-wide"] = {**PAIRS["neox-stdlib-long"], "config": {
     **PAIRS["neox-stdlib-long"]["config"], "hidden_size": 128, "num_hidden_layers": 6, "intermediate_size": 512}}
+# the long recipe on a LLaMA-class family (Qwen2: GQA 4/2, SwiGLU, RMSNorm, tied embeddings; the short Qwen2 pair's
+# shape): does a long-trained LLaMA-class pair leave what the GPT-NeoX one does? (issue 29, part 4)
+PAIRS["qwen2-stdlib-long"] = {**PAIRS["neox-stdlib-long"], "config_class": "Qwen2Config",
+                              "config": dict(PAIRS["qwen2-shakespeare-bpe512"]["config"])}
+PAIRS["qwen2-stdlib-long-mha"] = {**PAIRS["qwen2-stdlib-long"], "config": {
+    **PAIRS["qwen2-stdlib-long"]["config"], "num_key_value_heads": 4}}  # the same without GQA
 # the Qwen2 pair without GQA (4 KV heads): what sharing one per-head map across a KV group costs (issue 29, part 4)
 PAIRS["qwen2-shakespeare-bpe512-mha"] = {**PAIRS["qwen2-shakespeare-bpe512"], "config": {
     **PAIRS["qwen2-shakespeare-bpe512"]["config"], "num_key_value_heads": 4}}
@@ -190,6 +197,30 @@ def stdlib_splits() -> dict[str, list[str]]:
             "train": [t for k, t in enumerate(texts) if k % 20 not in (0, 10)]}
 
 
+def tokenizer_as_loaded(tokenizer, settings: dict):
+    """The tokenizer as AutoTokenizer loads it beside the pair's config, the one every tool (ours included) will
+    use: transformers picks the class by model type for some families (qwen2: Qwen2Tokenizer, whose own
+    pre-tokenizer replaces the trained one), so a pair trained on the tokenizer as trained would be evaluated
+    on other token ids."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        lm_config(settings, tokenizer).save_pretrained(tmp)
+        return AutoTokenizer.from_pretrained(tmp)
+
+
+def loads_as_trained(folder: Path) -> bool:
+    """Whether a cached language pair's tokenizer, loaded as every tool loads it, gives the token ids its
+    tokenizer.json gives (false for pairs trained before tokenizer_as_loaded, where the two differ)."""
+    from transformers import AutoTokenizer
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    model, text = folder / FOLDERS["model_a"], (folder / "val.txt").read_text(encoding="utf-8")[:100_000]
+    return AutoTokenizer.from_pretrained(model)(text)["input_ids"] == TokenizersBackend.from_pretrained(model)(
+        text)["input_ids"]
+
+
 def lm_corpus(settings: dict, folder: Path):
     """(tokenizer, {split: texts}) of a language pair; the split texts are written to folder/SPLIT.txt."""
     if settings.get("corpus") == "stdlib":
@@ -207,6 +238,7 @@ def lm_corpus(settings: dict, folder: Path):
         else:
             tokenizer = AutoTokenizer.from_pretrained(require(GPT2_TOKENIZER, "the GPT-2 tokenizer"))
         texts = {split: [part] for split, part in joined.items()}
+    tokenizer = tokenizer_as_loaded(tokenizer, settings)
     for split, part in joined.items():
         write_atomic_bytes(folder / f"{split}.txt", lambda path, part=part: path.write_text(part, encoding="utf-8"))
     return tokenizer, texts
@@ -311,7 +343,8 @@ def get_pair(name: str, cache_dir: str | Path = "runs/pairs", *, progress: bool 
     record_path = folder / "pair.json"
     if record_path.is_file() and not retrain:
         record = json.loads(record_path.read_text())
-        if record.get("settings") == recipe(name) and all((folder / f).is_dir() for f in FOLDERS.values()):
+        if (record.get("settings") == recipe(name) and all((folder / f).is_dir() for f in FOLDERS.values())
+                and (PAIRS[name]["task"] != "causal-lm" or loads_as_trained(folder))):
             return pair_paths(name, folder, record)
     folder.mkdir(parents=True, exist_ok=True)
     record_path.unlink(missing_ok=True)

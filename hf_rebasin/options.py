@@ -83,9 +83,8 @@ class MergeOptions:
                                  group=EVALUATION, low=0.0, high=1.0)
     lambdas: int | None = option(None, f"two models: points on the λ grid from 0 to 1, at least 3 (2 would be the "
                                  f"endpoints alone) (default {DEFAULT_LAMBDAS})", group=EVALUATION, low=2, high=1001)
-    simplex_resolution: int | None = option(None, "three or more models: lattice step 1/r on the simplex "
-                                            "(default 6 for three models, else the largest r <= N whose lattice has "
-                                            "at most "
+    simplex_resolution: int | None = option(None, "three or more models: lattice step 1/r on the simplex (default 6 "
+                                            "for three models, else the largest r <= N whose lattice has at most "
                                             f"{MAX_LATTICE_POINTS} points)", group=EVALUATION, low=1)
     seq_len: int | None = option(None, "window length in tokens (default min(512, context))", group=EVALUATION, low=2)
     max_eval_tokens: int = option(65536, "cap on evaluated tokens", group=EVALUATION, low=1)
@@ -101,7 +100,7 @@ class MergeOptions:
     rounds: int = option(10, "cap on weight-matching rounds", group=MATCHING, low=1, high=1000)
     match_data: str | None = option(None, f"data for activation matching (default: --data), or {SELF_DATA}: sampled "
                                     f"from the models (a folder named {SELF_DATA}: ./{SELF_DATA})", group=MATCHING)
-    am_batches: int = option(4, "batches for activation matching", group=MATCHING, low=1)
+    am_batches: int = option(32, "batches for activation matching", group=MATCHING, low=1)
     # the self samples' settings (chosen from measurements: BENCHMARKS.md, "Self-sampled training data")
     self_temperature: float = option(1.0, f"temperature of the {SELF_DATA} samples", group=MATCHING, above=0, high=10)
     self_top_p: float = option(1.0, f"nucleus mass (top-p) of the {SELF_DATA} samples", group=MATCHING, above=0, high=1)
@@ -124,8 +123,9 @@ class MergeOptions:
                       choices=("polar", "expm", "direct"))
     lambda_dist: str | None = option(None, "λ per step: uniform U(0,1) or narrow U(0.4,0.6); N models: Dirichlet(1) or "
                                      "Dirichlet(36) (default narrow; dual on images or N models: uniform)",
-                                     group=LEARNED,
-                                     choices=LAMBDA_DISTRIBUTIONS)
+                                     group=LEARNED, choices=LAMBDA_DISTRIBUTIONS)
+    start: str = option("wm", "where two models' learning starts: wm (weight matching) or am (activation matching on "
+                        "--am-batches batches spread over the training data)", group=LEARNED, choices=("wm", "am"))
     train_data: str | None = option(None, "training data for lm/dual, same forms as --data, or a token file FILE.npy "
                                     f"(`hf-rebasin tokenize`, read memory-mapped), or {SELF_DATA}: sampled from the "
                                     "models, --steps x --learn-batch-size windows + the --holdout ones (default: "
@@ -197,7 +197,7 @@ class MergeOptions:
 
     def uses_rounds(self) -> bool:
         """Whether the method runs weight matching (wm, wm-perm, and lm/dual from its solution)."""
-        return self.method not in ("raw", "am")
+        return self.method not in ("raw", "am", "am-perm") and self.start == "wm"
 
     def ignored(self, export: bool = True) -> dict[str, str]:
         """{field: why} for every option set to other than its default that the method (or, export=False, a
@@ -213,8 +213,8 @@ class MergeOptions:
                         for f in fields_of(MergeOptions) if f.metadata.get("group") == LEARNED})
         if not method.needs_data:
             why["match_data"] = f"is for the methods that match on data (am, lm, dual), not --method {self.method}"
-        if self.method != "am":
-            why["am_batches"] = f"is for --method am, not --method {self.method}"
+        if self.method not in ("am", "am-perm") and not (method.learned and self.start == "am"):
+            why["am_batches"] = f"is for --method am / am-perm and --start am, not --method {self.method}"
         if self.self_sampled():
             why.pop("learn_seed", None)  # it seeds the samples
         else:
@@ -251,8 +251,8 @@ class MergeOptions:
             if method is not None and not method.n_way:
                 n_way = ", ".join(name for name, m in METHODS.items() if m.n_way)
                 problems.append(f"--method {self.method} is not available for {n_models} models; use one of {n_way}")
-            for name in ("alpha", "lambdas"):
-                if getattr(self, name) is not None:
+            for name in ("alpha", "lambdas", "start"):
+                if getattr(self, name) not in (None, "wm"):
                     problems.append(f"--{name} is for two models; {n_models} models are merged at their centroid "
                                     "and evaluated on the simplex lattice (--simplex-resolution)")
             points = lattice_size(n_models, self.resolution(n_models))

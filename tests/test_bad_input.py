@@ -230,6 +230,7 @@ REFUSED_OPTIONS = [  # (extra argv, number of models, what the message must name
     (["--alpha", "0.5"], 3, ["--alpha", "two models"]),
     (["--lambdas", "5"], 3, ["--lambdas", "two models"]),
     (["--method", "am"], 3, ["--method am", "3 models"]),
+    (["--method", "dual", "--start", "am"], 3, ["--start", "two models"]),
     (["--max-eval-tokens", "0"], 2, ["--max-eval-tokens"]),
     (["--max-eval-tokens", "16", "--seq-len", "32"], 2, ["--max-eval-tokens", "--seq-len"]),
     (["--method", "dual", "--steps", "10", "--warmup", "10"], 2, ["--warmup"]),

@@ -280,6 +280,29 @@ def test_dual_lambda_default_follows_the_task(kind, expected, tiny_dirs, tmp_pat
     assert all(inside) if expected == "narrow" else not all(inside), lams
 
 
+def test_start_am_matches_activations_of_windows_spread_over_the_training_data(tiny_dirs, tmp_path, monkeypatch):
+    """--start am: learning starts from activation matching on --am-batches batches of the training data (never
+    the evaluation data), taken evenly from the whole of it; on a disguised copy that start is already exact."""
+    from checks import disguise
+
+    import hf_rebasin.match.activation as activation
+    template, a = graph_of(tiny_dirs["llama_gqa_tied"])
+    _, b = graph_of(disguise(tiny_dirs["llama_gqa_tied"], tmp_path / "twin", seed=3))
+    train = random_windows(n=100)
+    seen = []
+    original = activation.activation_matching
+    monkeypatch.setattr(activation, "activation_matching", lambda *g, data, **kw: seen.append(data) or original(
+        *g, data=data, **kw))
+    options = MergeOptions(method="dual", start="am", am_batches=2, batch_size=4, steps=2, learn_batch_size=8,
+                           eval_every=0, holdout=0)
+    result = METHODS["dual"].run([a, b], MatchContext(options, template, train_data=train, progress=False))
+    assert torch.equal(seen[0].inputs, train.inputs[[0, 14, 28, 42, 57, 71, 85, 99]])
+    x = tiny.example_inputs("llama_gqa_tied", seed=4)
+    aligned = [outputs_of(apply(g, t), template, x) for g, t in zip((a, b), result.transforms)]
+    assert (aligned[0] - aligned[1]).abs().max() < 1e-4  # the twin found: both ends compute one function
+    assert result.settings["learned"]["start"] == "am"
+
+
 def test_n_way_plain_init_is_refused(tiny_dirs, tmp_path):
     template, graph = graph_of(tiny_dirs["gpt_neox"])
     with pytest.raises(UserError, match="--init absorbed"):

@@ -22,7 +22,8 @@ PIPELINE_TAGS = {"causal-lm": "text-generation", "image-classification": "image-
 CARD_DESCRIPTIONS = {
     "wm": "weight matching (data-free: residual rotation, head permutations, per-head maps, FFN permutations)",
     "wm-perm": "weight matching restricted to permutations (data-free)",
-    "am": "activation matching (assignments from activation correlations on data)",
+    "am": "activation matching over the full group (residual rotation and assignments from activations on data)",
+    "am-perm": "activation matching restricted to permutations (assignments from activation correlations on data)",
     "raw": "none: the checkpoints are averaged element-wise as loaded (the papers' raw interpolation, baseline)",
     "lm": "learned matching (the symmetry parameters of every model but A trained on the loss along the path)",
     "dual": "dual learned matching, LMC-DM (every endpoint carries trained symmetry parameters)",

@@ -51,16 +51,35 @@ def wm_perm(graphs: list[Graph], context: MatchContext) -> Alignment:
                            progress=context.progress)
 
 
-def am(graphs: list[Graph], context: MatchContext) -> Alignment:
+def am(graphs: list[Graph], context: MatchContext, residual: str = "full") -> Alignment:
     from .activation import activation_matching
     return activation_matching(*graphs, data=context.match_data, template=context.template,
                                batches=context.options.am_batches, batch_size=context.options.batch_size,
-                               progress=context.progress)
+                               residual=residual, progress=context.progress)
+
+
+def am_perm(graphs: list[Graph], context: MatchContext) -> Alignment:
+    return am(graphs, context, residual="permutation")
+
+
+def am_on_training_data(graphs: list[Graph], context: MatchContext) -> Alignment:
+    """Activation matching on --am-batches batches of windows spread evenly over the training data."""
+    import torch
+
+    from ..sources.eval_data import EvalData
+    from .activation import activation_matching
+    options, train = context.options, context.train_data
+    count = min(len(train.inputs), options.am_batches * options.batch_size)
+    rows = torch.linspace(0, len(train.inputs) - 1, count).round().long()
+    chosen = EvalData(train.task, train.inputs[rows], None if train.labels is None else train.labels[rows])
+    return activation_matching(*graphs, data=chosen, template=context.template, batches=options.am_batches,
+                               batch_size=options.batch_size, progress=context.progress)
 
 
 def learned(graphs: list[Graph], context: MatchContext) -> Alignment:
     from .learned import learn, on_main_process
-    start = on_main_process(lambda: wm(graphs, context), context.options)  # once; the other processes receive it
+    first = am_on_training_data if context.options.start == "am" else wm  # (N models: refused by the options)
+    start = on_main_process(lambda: first(graphs, context), context.options)  # once; the other processes receive it
     return learn(graphs, start, context.template, context.train_data, context.eval_data, context.options,
                  progress=context.progress)
 
@@ -70,8 +89,11 @@ for _method in (
     Method("wm", wm, "data-free weight matching over the full group: residual rotation, head permutations, per-head "
                      "QK/OV maps, FFN permutations, GLU scales", n_way=True),
     Method("wm-perm", wm_perm, "permutations only, residual stream treated as a permutation (Git Re-Basin ablation)"),
-    Method("am", am, "activation matching: assignments from activation correlations on a few batches",
+    Method("am", am, "activation matching over the full group, closed form: residual rotation (Procrustes), head and "
+                     "FFN permutations from activations on a few batches; per-head maps and GLU scales as wm's",
            needs_data=True),
+    Method("am-perm", am_perm, "activation matching restricted to permutations, residual stream included (Verma & "
+                               "Elbayad's baseline)", needs_data=True),
     Method("lm", learned, "learned matching (Theus et al.): the continuous symmetries of B (of every model but the "
                           "first, for N models) trained on the path loss, started from weight matching",
            needs_data=True, learned=True, n_way=True),

@@ -1,11 +1,17 @@
-"""Activation matching (the baseline of Verma & Elbayad): the same permutations as Git Re-Basin's
-weight matching -- residual stream, heads, FFN units -- chosen from correlations of activations
-of the two canonical models on a few batches of data.
+"""Activation matching, closed form, from activations of the two canonical models on a few batches.
 
-* residual permutation: correlation of the residual stream entering every layer (and the final norm),
+`residual="permutation"` is the baseline of Verma & Elbayad (Git Re-Basin's permutations chosen from
+correlations): the residual stream, heads and FFN units permuted.  The default covers the spec's whole group,
+as weight matching does:
+
+* residual: the element of the spec's residual group (a rotation, or a signed permutation) that best maps B's
+  residual stream onto A's (Procrustes of the cross-products sum x_B^T x_A over the stream entering every
+  layer and the final norm; the permutation baseline: an assignment on their correlations),
 * FFN permutation: correlation of the FFN hidden activations,
 * head permutation: inner products of each head's contribution to the residual stream
-  (head output @ W_O, which no per-head map changes), B's in A's residual basis.
+  (head output @ W_O, which no per-head map changes), B's in A's residual basis,
+* per-head QK/OV maps and GLU scales: weight matching's closed form (balance, then the best orthogonal map onto
+  A's balanced heads) in the frame the activations chose.
 """
 from __future__ import annotations
 
@@ -15,11 +21,11 @@ import torch
 from torch import Tensor
 
 from ..core.canonical import Graph, layer_key
-from ..core.symmetry import Transform
+from ..core.symmetry import Transform, apply, transform_layer
 from ..progress import tqdm
 from .alignment import Alignment
 from .linalg import assignment, best_permutation_matrix
-from .weight import match_heads
+from .weight import balance_transform, fit_maps, match_glu_scales, match_heads, residual_cross, solve_rotation
 
 
 @contextmanager
@@ -80,9 +86,13 @@ class _Stats:
     def correlation(self, name: str) -> Tensor:
         return _correlation(*self.sums[name])
 
+    def cross(self, name: str) -> Tensor:
+        """sum x_B^T x_A."""
+        return self.sums[name][4]
 
-def activation_matching(a: Graph, b: Graph, *, data, template, batches: int = 4, batch_size: int = 8,
-                        progress: bool = True):
+
+def activation_matching(a: Graph, b: Graph, *, data, template, batches: int = 32, batch_size: int = 8,
+                        residual: str = "full", progress: bool = True):
     from ..sources.models import instantiate
     spec = a.spec
     model_a, model_b = instantiate(a, template), instantiate(b, template)
@@ -102,9 +112,15 @@ def activation_matching(a: Graph, b: Graph, *, data, template, batches: int = 4,
             stats.add(name, seen_a[name], seen_b[name])
 
     t = Transform.identity(spec)
-    t.rotation = best_permutation_matrix(stats.correlation("residual")).float()  # G[i, j] = 1: B dim i -> A dim j
+    if residual == "permutation":
+        t.rotation = best_permutation_matrix(stats.correlation("residual")).float()  # G[i, j] = 1: B dim i -> A dim j
+    else:
+        t.rotation = solve_rotation(residual_objective(stats.cross("residual"), a, b), spec, "orthogonal")
     for i in range(spec.n_layers):
-        t.ffn_perm[i] = assignment(stats.correlation(f"ffn_hidden.{i}").T)
+        correlation = stats.correlation(f"ffn_hidden.{i}")
+        if spec.glu and residual != "permutation":  # a GLU unit and its negative are one unit (glu_scale < 0)
+            correlation = correlation.abs()
+        t.ffn_perm[i] = assignment(correlation.T)
 
     # heads: contributions ctx_h @ W_O,h to the residual stream, B's rotated into A's basis
     head_paths = _paths(template, spec, ["attn_out"])
@@ -125,5 +141,38 @@ def activation_matching(a: Graph, b: Graph, *, data, template, batches: int = 4,
             scores[i] += torch.einsum("nad,nbd->ab", out_a, out_b)
     for i in range(spec.n_layers):
         t.head_perm[i] = match_heads(scores[i], spec)
-    settings = {"batches": n_batches, "batch_size": batch_size, "residual": "permutation"}
-    return Alignment([Transform.identity(spec), t], [], settings)
+    settings = {"batches": n_batches, "batch_size": batch_size, "residual": residual}
+    if residual == "permutation" or not (spec.head_maps or spec.glu):
+        return Alignment([Transform.identity(spec), t], [], settings)
+    t_a = balance_transform(a)
+    return Alignment([t_a, with_fitted_maps(apply(a, t_a), b, t)], [], settings)
+
+
+def residual_objective(cross: Tensor, a: Graph, b: Graph) -> Tensor:
+    """solve_rotation's M for the activations' cross-products.  Where the group fixes the all-ones vector up to
+    sign (LayerNorm), the stream is mean-free and says nothing of that sign: it is taken from the weights that
+    both models index alike (embeddings and head, as weight matching's first guess)."""
+    m = torch.stack([cross, torch.zeros_like(cross)])
+    if a.spec.centred and a.spec.residual != "signed_permutation":
+        ones = torch.full((cross.shape[0],), cross.shape[0] ** -0.5, dtype=cross.dtype)
+        sign = 1.0 if float(ones @ residual_cross(a.outside(), b.outside())[0].to(cross.dtype) @ ones) >= 0 else -1.0
+        m[0] += (sign * float(cross.norm()) - float(ones @ cross @ ones)) * torch.outer(ones, ones)
+    return m
+
+
+def with_fitted_maps(pa, b: Graph, t: Transform) -> Transform:
+    """t with weight matching's closed-form per-head maps and GLU scales for B (its residual element and
+    permutations kept), fitted to A's balanced tensors pa one layer at a time."""
+    spec = b.spec
+    rotated_only = Transform.identity(spec)
+    rotated_only.rotation = t.rotation
+    for i in range(spec.n_layers):
+        permuted = Transform.identity(spec)
+        permuted.head_perm[i], permuted.ffn_perm[i] = t.head_perm[i], t.ffn_perm[i]
+        la = pa.layer(i)
+        lb = transform_layer(transform_layer(b.layer(i), i, spec, rotated_only), i, spec, permuted, rotate=False)
+        if spec.head_maps:
+            t.qk_maps[i], t.ov_maps[i] = fit_maps(la, lb, i, spec)
+        if spec.glu:
+            t.glu_scale[i] = match_glu_scales(la, lb, i)
+    return t

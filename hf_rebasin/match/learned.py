@@ -52,7 +52,7 @@ from .alignment import DEFAULT_HOLDOUT
 from .params import SymmetryParams
 from .path import PathOfEnds, scale_writes, stored, strip_parameters
 
-LEARNED_SETTINGS = ("method", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
+LEARNED_SETTINGS = ("method", "start", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
                     "lambda_dist", "learn_seed", "eval_every", "eval_subset", "holdout", "checkpoint_every",
                     "checkpoint_dir", "resume", "learn_precision", "device", "gradient_checkpointing", "fsdp")
 
@@ -60,7 +60,7 @@ LEARNED_SETTINGS = ("method", "steps", "lr", "warmup", "learn_batch_size", "grad
 def trajectory_settings(options, n_models: int, task: str) -> dict:
     """The settings that determine the trajectory (a resumed run must match them)."""
     return {"method": options.method, "steps": options.steps, "lr": options.lr, "batch_size": options.learn_batch_size,
-            "init": options.init, "orth": options.orth, "inv": options.inv,
+            "start": options.start, "init": options.init, "orth": options.orth, "inv": options.inv,
             "seed": options.learn_seed, "precision": options.learn_precision,
             "lambda_dist": options.learned_lambda_dist(n_models, task), "warmup": options.warmup_steps(),
             "holdout": options.holdout, "eval_every": options.eval_every}
