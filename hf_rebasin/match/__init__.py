@@ -51,9 +51,9 @@ def wm_perm(graphs: list[Graph], context: MatchContext) -> Alignment:
                            progress=context.progress)
 
 
-def am(graphs: list[Graph], context: MatchContext, residual: str = "full") -> Alignment:
+def am(graphs: list[Graph], context: MatchContext, residual: str = "full", data=None) -> Alignment:
     from .activation import activation_matching
-    return activation_matching(*graphs, data=context.match_data, template=context.template,
+    return activation_matching(*graphs, data=context.match_data if data is None else data, template=context.template,
                                batches=context.options.am_batches, batch_size=context.options.batch_size,
                                residual=residual, progress=context.progress)
 
@@ -64,16 +64,9 @@ def am_perm(graphs: list[Graph], context: MatchContext) -> Alignment:
 
 def am_on_training_data(graphs: list[Graph], context: MatchContext) -> Alignment:
     """Activation matching on --am-batches batches of windows spread evenly over the training data."""
-    import torch
-
-    from ..sources.eval_data import EvalData
-    from .activation import activation_matching
-    options, train = context.options, context.train_data
-    count = min(len(train.inputs), options.am_batches * options.batch_size)
-    rows = torch.linspace(0, len(train.inputs) - 1, count).round().long()
-    chosen = EvalData(train.task, train.inputs[rows], None if train.labels is None else train.labels[rows])
-    return activation_matching(*graphs, data=chosen, template=context.template, batches=options.am_batches,
-                               batch_size=options.batch_size, progress=context.progress)
+    from .activation import evenly_spread
+    options = context.options
+    return am(graphs, context, data=evenly_spread(context.train_data, options.am_batches * options.batch_size))
 
 
 def learned(graphs: list[Graph], context: MatchContext) -> Alignment:

@@ -23,9 +23,10 @@ from torch import Tensor
 from ..core.canonical import Graph, layer_key
 from ..core.symmetry import Transform, apply, transform_layer
 from ..progress import tqdm
+from ..sources.eval_data import EvalData
 from .alignment import Alignment
 from .linalg import assignment, best_permutation_matrix
-from .weight import balance_transform, fit_maps, match_glu_scales, match_heads, residual_cross, solve_rotation
+from .weight import balance_transform, fit_continuous, match_heads, residual_cross, solve_rotation
 
 
 @contextmanager
@@ -163,16 +164,14 @@ def residual_objective(cross: Tensor, a: Graph, b: Graph) -> Tensor:
 def with_fitted_maps(pa, b: Graph, t: Transform) -> Transform:
     """t with weight matching's closed-form per-head maps and GLU scales for B (its residual element and
     permutations kept), fitted to A's balanced tensors pa one layer at a time."""
-    spec = b.spec
-    rotated_only = Transform.identity(spec)
-    rotated_only.rotation = t.rotation
-    for i in range(spec.n_layers):
-        permuted = Transform.identity(spec)
-        permuted.head_perm[i], permuted.ffn_perm[i] = t.head_perm[i], t.ffn_perm[i]
-        la = pa.layer(i)
-        lb = transform_layer(transform_layer(b.layer(i), i, spec, rotated_only), i, spec, permuted, rotate=False)
-        if spec.head_maps:
-            t.qk_maps[i], t.ov_maps[i] = fit_maps(la, lb, i, spec)
-        if spec.glu:
-            t.glu_scale[i] = match_glu_scales(la, lb, i)
+    frame = Transform.identity(b.spec)  # the residual element and permutations only
+    frame.rotation, frame.head_perm, frame.ffn_perm = t.rotation, list(t.head_perm), list(t.ffn_perm)
+    for i in range(b.spec.n_layers):
+        fit_continuous(pa.layer(i), transform_layer(b.layer(i), i, b.spec, frame), i, b.spec, t)
     return t
+
+
+def evenly_spread(data: EvalData, count: int) -> EvalData:
+    """`count` examples of `data` at evenly spaced positions from its first to its last."""
+    rows = torch.linspace(0, len(data.inputs) - 1, min(count, len(data.inputs))).round().long()
+    return EvalData(data.task, data.inputs[rows], None if data.labels is None else data.labels[rows])

@@ -192,6 +192,15 @@ def fit_maps(pa: dict, pb: dict, i: int, spec: Spec) -> tuple[Tensor | None, Ten
     return (torch.stack(maps["qk"]) if spec.qk_maps else None), (torch.stack(maps["ov"]) if spec.ov_maps else None)
 
 
+def fit_continuous(la: dict, lbp: dict, i: int, spec: Spec, t: Transform) -> None:
+    """Set t's per-head maps and GLU scales of layer i in closed form, from A's balanced layer la and B's layer lbp
+    already in A's frame (rotated and permuted)."""
+    if spec.head_maps:
+        t.qk_maps[i], t.ov_maps[i] = fit_maps(la, lbp, i, spec)
+    if spec.glu:
+        t.glu_scale[i] = match_glu_scales(la, lbp, i)
+
+
 # --- residual ------------------------------------------------------------------------------
 
 def residual_cross(pa: dict, pb: dict) -> Tensor:
@@ -299,10 +308,8 @@ class _Round:
         perms.head_perm[i], perms.ffn_perm[i] = job["head_perm"], job["ffn"].result()
         lbp = transform_layer(job["lb"], i, spec, perms, rotate=False)
         t.head_perm[i], t.ffn_perm[i] = perms.head_perm[i], perms.ffn_perm[i]
-        if self.full and spec.head_maps:
-            t.qk_maps[i], t.ov_maps[i] = fit_maps(job["la"], lbp, i, spec)
-        if self.full and spec.glu:
-            t.glu_scale[i] = match_glu_scales(job["la"], lbp, i)
+        if self.full:
+            fit_continuous(job["la"], lbp, i, spec, t)
         b_prime = transform_layer(job["lb_raw"], i, spec, t, rotate=False)
         cross = residual_cross(job["la"], b_prime)
         self.m = cross if self.m is None else self.m + cross
