@@ -123,6 +123,23 @@ PAIRS["qwen2-stdlib-long"] = {**PAIRS["neox-stdlib-long"], "config_class": "Qwen
                               "config": dict(PAIRS["qwen2-shakespeare-bpe512"]["config"])}
 PAIRS["qwen2-stdlib-long-mha"] = {**PAIRS["qwen2-stdlib-long"], "config": {
     **PAIRS["qwen2-stdlib-long"]["config"], "num_key_value_heads": 4}}  # the same without GQA
+# the long GPT-NeoX pair moved toward Qwen2 one config field at a time: rotary on every head dim (the per-head QK maps
+# shrink to what commutes with the rotation), then also a sequential residual and tied embeddings; what is left
+# between the last and qwen2-stdlib-long is SwiGLU, RMSNorm and the biases (issue 29, part 4)
+PAIRS["neox-stdlib-long-rope1"] = {**PAIRS["neox-stdlib-long"], "config": {
+    **PAIRS["neox-stdlib-long"]["config"], "rotary_pct": 1.0}}
+PAIRS["neox-stdlib-long-llamalike"] = {**PAIRS["neox-stdlib-long"], "config": {
+    **PAIRS["neox-stdlib-long"]["config"], "rotary_pct": 1.0, "use_parallel_residual": False,
+    "tie_word_embeddings": True}}
+# and from the Qwen2 side: OLMo-1 is the LLaMA layout (SwiGLU, full rotary, sequential residual) with parameter-free
+# LayerNorms and no biases; without GQA and with tied embeddings it is qwen2-stdlib-long-mha with LayerNorm for RMSNorm
+PAIRS["olmo-stdlib-long"] = {**PAIRS["neox-stdlib-long"], "config_class": "OlmoConfig", "config": dict(
+    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=256,
+    max_position_embeddings=256, tie_word_embeddings=True, pad_token_id=None)}
+# OLMo with 172 FFN units: the FFN weights of GPT-NeoX's 256 non-GLU units (3 x 172 ~ 2 x 256), as LLaMA sizes its
+# SwiGLU at 2/3 of a GELU FFN: does the GLU cost through its form or through its share of the weights?
+PAIRS["olmo-stdlib-long-ffn172"] = {**PAIRS["olmo-stdlib-long"], "config": {
+    **PAIRS["olmo-stdlib-long"]["config"], "intermediate_size": 172}}
 # the Qwen2 pair without GQA (4 KV heads): what sharing one per-head map across a KV group costs (issue 29, part 4)
 PAIRS["qwen2-shakespeare-bpe512-mha"] = {**PAIRS["qwen2-shakespeare-bpe512"], "config": {
     **PAIRS["qwen2-shakespeare-bpe512"]["config"], "num_key_value_heads": 4}}
