@@ -29,7 +29,8 @@ def barrier_options(pair: dict, method: str, seq_len: int | None, max_tokens: in
     trained on the train split (`learned`, `am_args`: extra merge flags for lm/dual and for am/am-perm, parsed
     like the command line's)."""
     from hf_rebasin.cli import build_parser
-    from hf_rebasin.options import MergeOptions, from_namespace
+    from hf_rebasin.option_fields import from_namespace
+    from hf_rebasin.options import MergeOptions
     method, _, data = method.partition("/")  # "dual/self": sampled from the models instead of the pair's text
     argv = ["barrier", "A", "B", "--method", method, "--data", pair["test_data"], "--max-eval-tokens", str(max_tokens)]
     if method in ("am", "am-perm"):  # (an option a method ignores is refused)

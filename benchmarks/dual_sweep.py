@@ -5,12 +5,14 @@ bar) along the optimisation (to tell a run that plateaus from one that is cut sh
     .venv/bin/python benchmarks/dual_sweep.py --pair neox-stdlib-long --seq-len 128 \\
         --train-data runs/pairs/neox-stdlib-long/train.npy \\
         --config "--steps 300" --config "--steps 1000 --lr 1e-2" --config "--method wm" \\
-        [--seeds 2,3 | --shared-init 1] [--freeze glu,qk,ov] [--json runs/dual_sweep.jsonl]
+        [--seeds 2,3 | --shared-init 1] [--freeze glu,qk,ov] [--lr-floor 0.1] [--json runs/dual_sweep.jsonl]
 
 Each --config is a list of merge flags added to `--method dual` (or `--method lm ...`: a config may name its
 method).  --train-data defaults to the pair's train split (a `hf-rebasin tokenize` file of it loads faster).
 --freeze (an ablation) keeps the named parts of the continuous group at their weight-matching start: rotation,
-qk / ov (the per-head maps), glu (the GLU scales).  One JSON line per config is appended to --json and printed.
+qk / ov (the per-head maps), glu (the GLU scales).  --lr-floor (an ablation) sets where the cosine decay ends, as a
+fraction of --lr (the package's 0.1; 1 is a constant rate after the warmup, 0 decays to nothing).
+One JSON line per config is appended to --json and printed.
 """
 from __future__ import annotations
 
@@ -66,6 +68,14 @@ def freeze_parts(parts: list[str]) -> None:
     params.SymmetryParams.__init__ = build_frozen
 
 
+def set_lr_floor(floor: float) -> None:
+    """From now on, learned matching's cosine decays to `floor` x --lr instead of the package's floor."""
+    from hf_rebasin.match import train_loop
+
+    factor = train_loop.lr_factor
+    train_loop.lr_factor = lambda step, steps, warmup: factor(step, steps, warmup, min_ratio=floor)
+
+
 def main() -> None:
     import pairs
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,11 +89,14 @@ def main() -> None:
                         help="model A and a model of A's initialisation trained on another data order "
                              "(pairs.shared_init_model), instead of the cached pair")
     parser.add_argument("--freeze", default="", help=f"comma-separated parts kept at their start: {FROZEN_PARTS}")
+    parser.add_argument("--lr-floor", type=float, help="end of the cosine decay as a fraction of --lr")
     parser.add_argument("--json", default="runs/dual_sweep.jsonl", help="JSON lines appended here")
     args = parser.parse_args()
     frozen = [part for part in args.freeze.split(",") if part]
     if frozen:
         freeze_parts(frozen)
+    if args.lr_floor is not None:
+        set_lr_floor(args.lr_floor)
     pair = pairs.get_pair(args.pair)
     name = args.pair
     if args.seeds:
@@ -98,7 +111,8 @@ def main() -> None:
     for config in args.config:
         start = time.strftime("%Y-%m-%d %H:%M")
         result = run_config(pair, config.split(), args.seq_len, args.max_eval_tokens, args.train_data)
-        row = {"pair": name, "started": start, **({"frozen": frozen} if frozen else {}), **result}
+        row = {"pair": name, "started": start, **({"frozen": frozen} if frozen else {}),
+               **({"lr_floor": args.lr_floor} if args.lr_floor is not None else {}), **result}
         print(json.dumps(row), flush=True)
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -7,18 +7,14 @@ checked against them, and ``check`` refuses bad values before any expensive step
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import math
 import re
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from math import comb
-from typing import Any
 
 from .devices import device_problems, resolve_device
 from .errors import OptionError, UserError
 from .match.alignment import DEFAULT_HOLDOUT
+from .option_fields import fields_of, flag_of, option, range_problems, value_type
 
 DEFAULT_LM_DATA = "wikitext:wikitext-103-raw-v1:test"
 DEFAULT_LAMBDAS = 11
@@ -39,26 +35,6 @@ def default_lambda_dist(method: str, n_models: int, task: str) -> str:
 
 
 HARMLESS_WHEN_IGNORED = ("checkpoint_dir", "self_samples_dir")  # a place that is not used: warned about, not refused
-
-
-def option(default: Any = None, help: str = "", *, group: str = "", choices: tuple | None = None,
-           low: float | None = None, high: float | None = None, above: float | None = None,
-           metavar: str | None = None, flag: str | None = None, positional: bool = False, nargs: str | None = None,
-           required: bool = False):
-    """A dataclass field with what the command line and the checks need to know about it."""
-    meta = dict(help=help, group=group, choices=choices, low=low, high=high, above=above, metavar=metavar,
-                flag=flag, positional=positional, nargs=nargs, required=required)
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def flag_of(f: dataclasses.Field) -> str:
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-
-
-def shown_default(value) -> str:
-    return "off" if value is False else ("none" if value is None else str(value))
 
 
 # --- merge and barrier --------------------------------------------------------------------------------
@@ -124,6 +100,10 @@ class MergeOptions:
     lambda_dist: str | None = option(None, "λ per step: uniform U(0,1) or narrow U(0.4,0.6); N models: Dirichlet(1) or "
                                      "Dirichlet(36) (default narrow; dual on images or N models: uniform)",
                                      group=LEARNED, choices=LAMBDA_DISTRIBUTIONS)
+    soft_targets: float | None = option(None, "share of the training target that is the endpoints' own prediction, "
+                                        "mixed by the step's λ weights, instead of the next token (or label): 0 .. 1 "
+                                        f"(default 1 on --train-data {SELF_DATA}, else 0; costs one forward per model "
+                                        "per step)", group=LEARNED, low=0, high=1, metavar="S")
     start: str = option("wm", "where two models' learning starts: wm (weight matching) or am (activation matching on "
                         "--am-batches batches spread over the training data)", group=LEARNED, choices=("wm", "am"))
     train_data: str | None = option(None, "training data for lm/dual, same forms as --data, or a token file FILE.npy "
@@ -170,6 +150,13 @@ class MergeOptions:
 
     def learned_lambda_dist(self, n_models: int, task: str) -> str:
         return self.lambda_dist or default_lambda_dist(self.method, n_models, task)
+
+    def soft_target_share(self, task: str) -> float:
+        """--soft-targets, default 1 when a language model trains on self-sampled text (BENCHMARKS.md, "Soft
+        targets"), else 0."""
+        if self.soft_targets is not None:
+            return self.soft_targets
+        return 1.0 if self.self_sampled() and task == "causal-lm" else 0.0
 
     def warmup_steps(self) -> int:
         return max(1, self.steps // 10) if self.warmup is None else self.warmup
@@ -364,76 +351,6 @@ class TokenizeOptions:
         problems = range_problems(self)
         if problems:
             raise OptionError("; ".join(problems))
-
-
-# --- the generic machinery: ranges, argparse, recipes --------------------------------------------------
-
-def fields_of(cls) -> list[dataclasses.Field]:
-    return list(dataclasses.fields(cls))
-
-
-def value_type(cls, f: dataclasses.Field) -> type:
-    """int, float, str or bool: the annotation without its `| None`."""
-    hint = typing.get_type_hints(cls)[f.name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    return args[0]
-
-
-def range_problems(options) -> list[str]:
-    problems = []
-    for f in fields_of(type(options)):
-        value, meta = getattr(options, f.name), f.metadata
-        if value is None or isinstance(value, bool):
-            continue
-        flag = flag_of(f)
-        if isinstance(value, float) and not math.isfinite(value):
-            problems.append(f"{flag} must be a finite number, got {value}")
-            continue
-        if meta.get("choices") and value not in meta["choices"]:
-            problems.append(f"{flag} must be one of {', '.join(meta['choices'])}, got {value!r}")
-        low, high, above = meta.get("low"), meta.get("high"), meta.get("above")
-        if isinstance(value, (int, float)):
-            if low is not None and high is not None and not low <= value <= high:
-                problems.append(f"{flag} must be in [{low}, {high}], got {value}")
-            elif low is not None and value < low:
-                problems.append(f"{flag} must be at least {low}, got {value}")
-            elif above is not None and high is not None and not above < value <= high:
-                problems.append(f"{flag} must be in ({above}, {high}], got {value}")
-            elif high is not None and low is None and above is None and value > high:
-                problems.append(f"{flag} must be at most {high}, got {value}")
-    return problems
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
-    """One --flag per field of an options dataclass, grouped as the fields say, help with the default."""
-    groups: dict[str, Any] = {}
-    for f in fields_of(cls):
-        if f.name in skip:
-            continue
-        meta = f.metadata
-        group = meta.get("group") or ""
-        target = parser if not group else groups.setdefault(group, parser.add_argument_group(group))
-        kind = value_type(cls, f)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        help_text = meta.get("help", "")
-        if kind is bool:
-            target.add_argument(flag_of(f), action="store_true", default=default, dest=f.name, help=help_text)
-            continue
-        if default is not None and "default" not in help_text:
-            help_text += f" (default {shown_default(default)})"
-        target.add_argument(flag_of(f), type=kind, default=default, dest=f.name, help=help_text,
-                            choices=meta.get("choices"), metavar=meta.get("metavar"))
-
-
-def from_namespace(cls, namespace: argparse.Namespace, **overrides):
-    values = {f.name: getattr(namespace, f.name) for f in fields_of(cls) if hasattr(namespace, f.name)}
-    return cls(**{**values, **overrides})
-
-
-def option_table(cls) -> dict[str, dict]:
-    """{recipe key: {"flag", "type", "choices", "help"}} of an options dataclass (what recipes may set)."""
-    return {f.name: {"flag": flag_of(f), "type": value_type(cls, f), "choices": f.metadata.get("choices"),
-                     "help": f.metadata.get("help", "")} for f in fields_of(cls)}
 
 
 API_KEYWORDS = {"--out": "out", "--force": "force=True", "--json": "json_path", "--push-to-hub": "push_to_hub",

@@ -96,6 +96,20 @@ def test_a_learned_step_runs_under_cudas_rules(kind, method, layered, precision,
     assert report.forward.launches > 0 and report.backward.launches > 0 and report.optimizer.launches > 0
 
 
+@pytest.mark.parametrize("layered", [False, True], ids=["whole", "layered"])
+@pytest.mark.parametrize("kind", tiny.kinds())
+def test_a_soft_target_step_runs_under_cudas_rules(kind, layered, pairs, plain_model_syncs):
+    """--soft-targets: the endpoints' forwards (no gradient) add no sync and no float64 op; each runs the model
+    once more, with its own syncs."""
+    template, graphs = pairs[kind]
+    report = check_step(template, graphs, method="dual", layered=layered, soft_targets=0.5)  # strict: raises
+    total = report.total
+    assert sum(total.syncs.values()) == 0 and sum(total.float64.values()) == 0, report.where
+    assert total.model_syncs == plain_model_syncs[kind] + plain_model_syncs[kind] + plain_model_syncs[kind]  # 3 runs
+    hard = check_step(template, graphs, method="dual", layered=layered)
+    assert report.forward.launches > hard.forward.launches
+
+
 @pytest.mark.parametrize("kind", tiny.kinds())
 def test_a_plain_init_step_with_permutations_runs_under_cudas_rules(kind, pairs):
     """--init plain: the learned elements start at a group element with head and FFN permutations."""

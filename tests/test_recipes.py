@@ -20,7 +20,8 @@ from hf_rebasin.assets import asset, example_pair
 from hf_rebasin.cli import build_parser, main
 from hf_rebasin.hub import recipe_checks, recipes
 from hf_rebasin.match import METHODS
-from hf_rebasin.options import EvalOptions, MergeOptions, PushOptions, TokenizeOptions, from_namespace, option_table
+from hf_rebasin.option_fields import from_namespace, option_table
+from hf_rebasin.options import EvalOptions, MergeOptions, PushOptions, TokenizeOptions
 
 TABLE_5_PAIRS = {  # Li & Shen Table 5 (ViT-L left out: timm has no augreg_in1k twin) + the from-scratch pairs
     **{f"pythia-{s}": (f"EleutherAI/pythia-{s}", f"EleutherAI/pythia-{s}-deduped")

@@ -222,6 +222,9 @@ def test_learned_matching_on_self_samples_reports_them_and_never_evaluates_on_th
     assert "sampled from the models" in card and samples["digest"] in card and "temperature 0.8" in card
     assert CARRIED == 1 and f"over up to {CHAIN} windows, the next beginning with the last token of" in card
     assert re.search(r"\*\*Time\*\*: load [\d.]+ s, sample [\d.]+ s, match [\d.]+ s", card)
+    # on self samples the target is the models' own prediction by default (--soft-targets 1), recorded and carded
+    assert report["settings"]["learned"]["soft_targets"] == 1.0
+    assert "the target 1 × the models' own prediction at the step's λ, mixed, and 0 × the sampled next token" in card
 
     # the samples are compared with the evaluation data by content, like any training data: evaluated on the
     # sampled file itself, every training window is found there and the run is refused
@@ -267,6 +270,19 @@ def test_options_that_self_sampling_uses_are_accepted():
         assert MergeOptions(**options).self_sampled()
     assert not MergeOptions(method="dual", train_data="corpus.txt").self_sampled()
     assert not MergeOptions(method="dual").self_sampled()  # not the default (yet): options.DEFAULT_LEARNED_DATA
+
+
+def test_soft_targets_default_to_the_models_own_prediction_on_self_samples_only():
+    assert MergeOptions(method="dual", train_data="self").soft_target_share("causal-lm") == 1.0
+    assert MergeOptions(method="lm", match_data="self").soft_target_share("causal-lm") == 1.0
+    assert MergeOptions(method="dual", train_data="corpus.txt").soft_target_share("causal-lm") == 0.0
+    assert MergeOptions(method="dual", train_data="self", soft_targets=0.25).soft_target_share("causal-lm") == 0.25
+    assert MergeOptions(method="dual", train_data="corpus.txt", soft_targets=0.5).soft_target_share("causal-lm") == 0.5
+    assert MergeOptions(method="dual", train_data="self").soft_target_share("image-classification") == 0.0
+    with pytest.raises(OptionError, match="--soft-targets must be in"):
+        MergeOptions(method="dual", train_data="self", soft_targets=1.5).check()
+    with pytest.raises(OptionError, match="--soft-targets"):  # learned matching only
+        MergeOptions(method="wm", soft_targets=0.5).check()
 
 
 def test_data_self_is_refused(pair, capsys):

@@ -6,7 +6,8 @@ import json
 import shlex
 from pathlib import Path
 
-from ..options import EvalOptions, MergeOptions, PushOptions, TokenizeOptions, add_arguments, from_namespace
+from ..option_fields import add_arguments, from_namespace
+from ..options import EvalOptions, MergeOptions, PushOptions, TokenizeOptions
 
 
 def method_table() -> str:

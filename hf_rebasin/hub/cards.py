@@ -195,11 +195,14 @@ def self_samples_line(report: Report) -> str | None:
              f"beginning with the last {'token' if carried == 1 else f'{carried} tokens'} of the one before"
              if chain > 1 else
              f"each starting with token {sampling.get('start_token')}")
+    share = report.settings.get("learned", {}).get("soft_targets") if use == "trained on" else None
+    target = (f"; the target {share:g} × the models' own prediction at the step's λ, mixed, and {1 - share:g} × the "
+              "sampled next token" if share else "")
     return (f"{use} {samples['tokens']:,} tokens sampled from the models themselves ({samples['windows']:,} "
             f"windows of {sampling.get('seq_len')} tokens, {' / '.join(map(str, samples.get('per_model', [])))} "
             f"per model; {texts}; temperature "
             f"{sampling.get('temperature')}, top-p {sampling.get('top_p')}, seed {sampling.get('seed')}; token file "
-            f"digest {samples.get('digest')})")
+            f"digest {samples.get('digest')}{target})")
 
 
 def merged_point(report: Report) -> str:

@@ -7,15 +7,8 @@ import difflib
 import re
 
 from ..errors import OptionError
-from ..options import (
-    EvalOptions,
-    MergeOptions,
-    PushOptions,
-    TokenizeOptions,
-    device_problems,
-    option_table,
-    range_problems,
-)
+from ..option_fields import option_table, range_problems
+from ..options import EvalOptions, MergeOptions, PushOptions, TokenizeOptions, device_problems
 
 FIELDS = {  # top-level field -> (YAML type, what it means)
     "description": (str, "one line shown by `hf-rebasin run --list`"),

@@ -207,7 +207,7 @@ class StepReport:
                 "optimizer": self.optimizer.summary(), "total": self.total.summary()}
 
 
-def _path_loss(template, graphs, method: str, layered: bool, dtype, init: str):
+def _path_loss(template, graphs, method: str, layered: bool, dtype, init: str, soft_targets: float = 0.0):
     """learned matching's loss on the path as `learn` builds it (match/learned.py), on the CPU: `init` "absorbed"
     (every learned element starts at the identity, the default) or "plain" (at a random group element, with
     permutations)."""
@@ -224,8 +224,11 @@ def _path_loss(template, graphs, method: str, layered: bool, dtype, init: str):
     if method == "dual":
         ends["0"] = SymmetryParams(spec, start(1))
     if layered:
-        return LayeredPathLoss(graphs, ends, template, template.task, dtype, checkpointing=True)
-    return PathLoss(graphs, ends, template, template.task, dtype)
+        path_loss = LayeredPathLoss(graphs, ends, template, template.task, dtype, checkpointing=True)
+    else:
+        path_loss = PathLoss(graphs, ends, template, template.task, dtype)
+    path_loss.soft_targets = soft_targets
+    return path_loss
 
 
 def example_batch(template, batch: int, seq: int, seed: int = 0):
@@ -239,17 +242,18 @@ def example_batch(template, batch: int, seq: int, seed: int = 0):
 
 
 def check_step(template, graphs, *, method: str = "dual", layered: bool = False, precision: str = "bf16",
-               init: str = "absorbed", batch: int = 2, seq: int = 8, strict: bool = True) -> StepReport:
+               init: str = "absorbed", batch: int = 2, seq: int = 8, strict: bool = True,
+               soft_targets: float = 0.0) -> StepReport:
     """One training step of learned matching (`method` lm or dual, the whole-model or the layer-by-layer loss with
-    checkpointing, bf16 autocast or fp32) on simulated CUDA (module docstring): the forward and AdamW's step on fake
-    CUDA tensors under CUDA's autocast, the backward on the meta twin.  Raises CudaRuleViolation on an op CUDA
-    would reject (and, when strict, on a host sync); returns the counts."""
+    checkpointing, bf16 autocast or fp32, `soft_targets` as --soft-targets) on simulated CUDA (module docstring):
+    the forward and AdamW's step on fake CUDA tensors under CUDA's autocast, the backward on the meta twin.  Raises
+    CudaRuleViolation on an op CUDA would reject (and, when strict, on a host sync); returns the counts."""
     from .train_loop import host_batch, make_optimizer, send
     dtype = torch.bfloat16 if precision == "bf16" else None
     inputs, labels = example_batch(template, batch, seq)
     lam, cuda = 0.3, torch.device("cuda")
     where: Counter = Counter()
-    path_loss = _path_loss(template, graphs, method, layered, dtype, init)
+    path_loss = _path_loss(template, graphs, method, layered, dtype, init, soft_targets)
     batch = host_batch(inputs, labels, path_loss.sparse)
     with simulated_cuda():
         path_loss.to_device(cuda)
@@ -266,7 +270,7 @@ def check_step(template, graphs, *, method: str = "dual", layered: bool = False,
         with Recorder("cuda", strict) as step:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    twin = _path_loss(template, graphs, method, layered, None, init).to_device("meta")
+    twin = _path_loss(template, graphs, method, layered, None, init, soft_targets).to_device("meta")
     with Recorder("meta", strict) as twin_forward:  # for the model's own syncs, which fake tensors do not show
         x, y, rows = send(batch, torch.device("meta"))
         loss = twin(x, y, lam, rows)

@@ -158,17 +158,19 @@ class LayeredPathLoss(PathOfEnds):
             point[key] = first_embedding.index_put((rows,), point[key].to(first_embedding.dtype))
         return self.adapter.outside_from_canonical(point, self.config, self.spec)
 
-    def forward(self, inputs: Tensor, labels: Tensor | None, lam, rows: Tensor | None = None) -> Tensor:
+    def logits(self, inputs: Tensor, lam, rows: Tensor | None) -> Tensor:
+        """The predictions at λ on the batch; the backward's recomputation reads the point's weights and elements
+        set here, so the differentiated call is the last one of a step (PathOfEnds.forward)."""
         device_type = inputs.device.type
         self.current_weights = self.weights(lam)
         self.elements = self.current_elements(device_type)
         eps, self.write_factor = self.eps_and_write_factor(self.elements, self.norm_eps, self.current_weights)
         autocast = torch.autocast(device_type, dtype=self.autocast_dtype) if self.autocast_dtype else nullcontext()
         with autocast:
-            state = self._outside_state((torch.unique(inputs) if rows is None else rows) if self.sparse else None)
+            state = self._outside_state(rows if self.sparse else None)
             for module, attr in self.norms:
                 setattr(module, attr, eps)
-            return self.task_loss(state, inputs, labels)
+            return self.run_model(state, inputs)
 
 
 __all__ = ["LayeredPathLoss", "LayerPoint"]

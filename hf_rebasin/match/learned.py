@@ -53,8 +53,9 @@ from .params import SymmetryParams
 from .path import PathOfEnds, scale_writes, stored, strip_parameters
 
 LEARNED_SETTINGS = ("method", "start", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
-                    "lambda_dist", "learn_seed", "eval_every", "eval_subset", "holdout", "checkpoint_every",
-                    "checkpoint_dir", "resume", "learn_precision", "device", "gradient_checkpointing", "fsdp")
+                    "lambda_dist", "soft_targets", "learn_seed", "eval_every", "eval_subset", "holdout",
+                    "checkpoint_every", "checkpoint_dir", "resume", "learn_precision", "device",
+                    "gradient_checkpointing", "fsdp")
 
 
 def trajectory_settings(options, n_models: int, task: str) -> dict:
@@ -63,7 +64,8 @@ def trajectory_settings(options, n_models: int, task: str) -> dict:
             "start": options.start, "init": options.init, "orth": options.orth, "inv": options.inv,
             "seed": options.learn_seed, "precision": options.learn_precision,
             "lambda_dist": options.learned_lambda_dist(n_models, task), "warmup": options.warmup_steps(),
-            "holdout": options.holdout, "eval_every": options.eval_every}
+            "holdout": options.holdout, "eval_every": options.eval_every,
+            "soft_targets": options.soft_target_share(task)}
 
 
 # --- the loss on the path ------------------------------------------------------------------------
@@ -112,21 +114,17 @@ class PathLoss(PathOfEnds):
             params[key] = first.params[key].index_put((rows,), params[key].to(first.params[key].dtype))
         return point.replace(params, norm_eps=eps)
 
-    def forward(self, inputs: Tensor, labels: Tensor | None, lam, rows: Tensor | None = None) -> Tensor:
-        """The task loss at λ (or interpolation weights) on the batch.  `rows`: the batch's distinct token ids
-        (the training loop finds them on the host, where that costs no sync; found here when not given)."""
+    def logits(self, inputs: Tensor, lam, rows: Tensor | None) -> Tensor:
+        """The predictions at λ (or interpolation weights) on the batch (PathOfEnds.run_model)."""
         # under autocast the transforms run in the endpoints' bf16 too (no fp32 copy of a model is ever made);
         # the symmetry parameters, their gradients and the optimiser state stay fp32
         dtype = self.autocast_dtype
         with torch.autocast(inputs.device.type, dtype=dtype) if dtype else nullcontext():
-            point = self.point(lam, inputs.device.type,
-                               (torch.unique(inputs) if rows is None else rows) if self.sparse else None)
+            point = self.point(lam, inputs.device.type, rows if self.sparse else None)
             state_dict, _ = self.template.adapter.from_canonical(point, self.template.config)
             for module, attr in self.norms:  # the norm eps of the point (eps_and_write_factor)
                 setattr(module, attr, point.norm_eps)
-            return self.task_loss(state_dict, inputs, labels)
-
-
+            return self.run_model(state_dict, inputs)
 
 
 # --- fingerprints (for resume) -----------------------------------------------------------------
@@ -243,7 +241,7 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
             transforms.append(start.transforms[k] if end is None else end)
     settings = {"learned": {**{name: getattr(options, name) for name in LEARNED_SETTINGS},
                             "lambda_dist": options.learned_lambda_dist(n, train.task),
-                            "warmup": options.warmup_steps()},
+                            "soft_targets": options.soft_target_share(train.task), "warmup": options.warmup_steps()},
                 "wm": start.settings, "num_processes": accelerator.num_processes, "device": str(device),
                 "learned_parameters": sum(p.numel() for p in path_loss.parameters() if p.requires_grad),
                 "model_parameters": path_loss.model_parameters, "endpoint_storage": endpoint_storage(path_loss),
@@ -260,14 +258,17 @@ def path_loss_for(frames: list[Graph], ends: dict[str, SymmetryParams], template
     """PathLoss (the whole state dict per step), or layered.LayeredPathLoss for --gradient-checkpointing and
     --fsdp (sharded over the accelerator's processes), on `device`."""
     if not (options.gradient_checkpointing or options.fsdp):
-        return PathLoss(frames, ends, template, task, dtype).to_device(device)
-    from torch.distributed.device_mesh import init_device_mesh
+        path_loss = PathLoss(frames, ends, template, task, dtype).to_device(device)
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
 
-    from .layered import LayeredPathLoss
-    mesh = init_device_mesh(device.type, (accelerator.num_processes,)) if options.fsdp else None
-    path_loss = LayeredPathLoss(frames, ends, template, task, dtype, checkpointing=options.gradient_checkpointing,
-                                mesh=mesh)
-    return path_loss if mesh is not None else path_loss.to_device(device)  # FSDP placed the shards
+        from .layered import LayeredPathLoss
+        mesh = init_device_mesh(device.type, (accelerator.num_processes,)) if options.fsdp else None
+        path_loss = LayeredPathLoss(frames, ends, template, task, dtype, checkpointing=options.gradient_checkpointing,
+                                    mesh=mesh)
+        path_loss = path_loss if mesh is not None else path_loss.to_device(device)  # FSDP placed the shards
+    path_loss.soft_targets = options.soft_target_share(task)
+    return path_loss
 
 
 def endpoint_storage(path_loss) -> dict:

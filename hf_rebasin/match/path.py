@@ -31,6 +31,7 @@ class PathOfEnds(nn.Module):
     weights of a λ, and the learned state that checkpoints and the held-out selection keep."""
 
     sharded = False  # the training loop runs a held-out estimate on every process only when sharded
+    soft_targets = 0.0  # share of the endpoints' mixed prediction in the training target (forward)
     manual_sync = False  # DDP averages the gradients (else the loop calls sync_gradients)
 
     def __init__(self, ends: dict[str, SymmetryParams], n_models: int):
@@ -94,15 +95,44 @@ class PathOfEnds(nn.Module):
     def load_learned_state(self, state: dict[str, Tensor]) -> None:
         self.ends.load_state_dict({k.removeprefix("ends."): v for k, v in state.items()})
 
-    def task_loss(self, state: dict[str, Tensor], inputs: Tensor, labels: Tensor | None) -> Tensor:
-        """Cross-entropy of self.model run with `state` (next token for LMs, the label for classifiers)."""
+    def forward(self, inputs: Tensor, labels: Tensor | None, lam, rows: Tensor | None = None) -> Tensor:
+        """The task loss at λ (or interpolation weights) on the batch.  `rows`: the batch's distinct token ids
+        (the training loop finds them on the host, where that costs no sync; found here when not given).  With
+        `soft_targets` s > 0, while gradients are on (training, not the held-out estimates): (1 - s) x the
+        cross-entropy with the next token (label) + s x the cross-entropy with the endpoints' prediction mixed by the
+        same weights, sum_k w_k softmax(logits_k), each endpoint run on the batch without gradient."""
+        if self.sparse and rows is None:
+            rows = torch.unique(inputs)
+        target = None
+        if self.soft_targets and torch.is_grad_enabled():
+            with torch.no_grad():
+                target = sum(w * self.endpoint_logits(inputs, k, rows).float().softmax(-1)
+                             for k, w in enumerate(self.weights(lam)) if w)
+        return self.task_loss(self.logits(inputs, lam, rows), inputs, labels, target)
+
+    def endpoint_logits(self, inputs: Tensor, k: int, rows: Tensor | None) -> Tensor:
+        """Endpoint k's predictions on the batch: the path's vertex k."""
+        return self.logits(inputs, self.vertices[k], rows)
+
+    def run_model(self, state: dict[str, Tensor], inputs: Tensor) -> Tensor:
+        """self.model's predictions run with `state`: the logits of every next token but the last's (LMs), of the
+        label (classifiers)."""
         from torch.func import functional_call
         if self.task == "causal-lm":
-            out = functional_call(self.model, state, (), {"input_ids": inputs, "use_cache": False})
-            logits = out.logits[:, :-1].float()
-            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), inputs[:, 1:].reshape(-1))
-        logits = functional_call(self.model, state, (inputs,)).float()
-        return F.cross_entropy(logits, labels)
+            return functional_call(self.model, state, (), {"input_ids": inputs, "use_cache": False}).logits[:, :-1]
+        return functional_call(self.model, state, (inputs,))
+
+    def task_loss(self, logits: Tensor, inputs: Tensor, labels: Tensor | None, target: Tensor | None = None) -> Tensor:
+        """Cross-entropy of the predictions with the next token (LMs) or the label, mixed with the cross-entropy with
+        a `target` distribution (forward)."""
+        log_p = logits.float().log_softmax(-1)
+        truth = inputs[:, 1:] if self.task == "causal-lm" else labels
+        hard = F.nll_loss(log_p.reshape(-1, log_p.shape[-1]), truth.reshape(-1))
+        if target is None:
+            return hard
+        soft = -(target * log_p).sum(-1).mean()
+        return (1.0 - self.soft_targets) * hard + self.soft_targets * soft
+
 
 def stored(graph: Graph, dtype: torch.dtype | None) -> Graph:
     """The graph with its floating-point tensors in `dtype` (unchanged when None)."""
