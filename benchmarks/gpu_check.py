@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check.py                  # on a GPU: Pythia-160M and Pythia-1B configs, 40 dual steps each
     .venv/bin/python benchmarks/gpu_check.py --device cpu --configs 14m --steps 4 --batch 2 --seq 64   # CPU smoke run
+    python benchmarks/gpu_check.py --soft-targets 1 # the same with the target of `self` data (--soft-targets 1)
 
 First, on the CPU and in seconds, one dual step of every config runs under CUDA's rules (hf_rebasin/match/cuda_rules.py:
 fake CUDA tensors under CUDA's autocast, the dtype rules and the host syncs of a GPU): a step CUDA would reject
@@ -119,7 +120,7 @@ def check(name: str, work: Path, args) -> dict:
 
     options = MergeOptions(method="dual", steps=args.steps, learn_batch_size=args.batch, eval_every=0,
                            learn_precision=args.precision, device=args.device,
-                           gradient_checkpointing=args.gradient_checkpointing,
+                           gradient_checkpointing=args.gradient_checkpointing, soft_targets=args.soft_targets,
                            checkpoint_dir=str(work / "checkpoints"))
     stamps: list[float] = []
     start = Alignment([Transform.identity(g.spec) for g in graphs])
@@ -138,7 +139,8 @@ def check(name: str, work: Path, args) -> dict:
     tokens_per_s = args.batch * args.seq / dual_s
     return {"config": f"pythia-{name}", "params": sum(v.numel() for v in graphs[0].params.values()),
             "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",
-            "precision": args.precision + (" + checkpointing" if args.gradient_checkpointing else ""),
+            "precision": args.precision + (" + checkpointing" if args.gradient_checkpointing else "")
+            + (f" + soft targets {args.soft_targets:g}" if args.soft_targets else ""),
             "batch": args.batch, "seq": args.seq, "steps": args.steps,
             "plain_step_s": plain_s, "dual_step_s": dual_s, "ratio": dual_s / plain_s,
             "tokens_per_s": tokens_per_s, "learn_wall_s": learn_s,
@@ -160,6 +162,9 @@ def main() -> int:
     parser.add_argument("--budget-steps", type=int, default=20_000)
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="the layer-by-layer loss with layers recomputed in the backward (merge's flag)")
+    parser.add_argument("--soft-targets", type=float, default=0.0,
+                        help="merge's --soft-targets: the endpoints' own prediction in the target (one more forward "
+                             "per model per step)")
     parser.add_argument("--work", help="folder for the checkpoints (default: a temporary one)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
@@ -173,7 +178,7 @@ def main() -> int:
             template = models.load(folders[0])
             graphs = [models.canonicalise(models.load(f)).materialise() for f in folders]
             counts = check_step(template, graphs, method="dual", layered=args.gradient_checkpointing,
-                                precision=args.precision).total.summary()
+                                precision=args.precision, soft_targets=args.soft_targets).total.summary()
             print(json.dumps({"config": f"pythia-{name}", "simulated_cuda_step": counts}), flush=True)
             del template, graphs
         rows = []
