@@ -22,7 +22,11 @@ to find, and the check is about the learned step).  Printed per config:
 * exactness: each model's loss on a held batch, in fp32, before and after applying its learned transform
   (an exact symmetry: the change must be at rounding level, < 1e-3 nats, else the row says CHANGED);
 * the hours a real pair needs at a budget of --budget-steps steps of the same batch (Li & Shen train dual
-  matching for tens of thousands of steps at 16 × 512 tokens; 20,000 is the default assumption).
+  matching for tens of thousands of steps at 16 × 512 tokens; 20,000 is the default assumption);
+* sampling: tokens/s of the sampler `--train-data self` runs (64 texts at once, KV cache, the model as the pipeline
+  loads it: fp32), and what `merge A B --method dual` without --train-data would spend at its default steps and
+  batch (300 × 64 windows of --seq tokens) sampling its `self` windows (an eighth of them, plus the held-out ones)
+  against training (the measured step scaled linearly to 64 windows).
 
 Exit status 1 if any exactness check fails.  Takes about 3 minutes on one H100-class GPU (mostly writing
 and reading the 1B checkpoints); --work keeps the checkpoints between runs.
@@ -48,12 +52,14 @@ from merge_size import PYTHIA, make_checkpoint  # noqa: E402
 from hf_rebasin.core.symmetry import Transform, apply  # noqa: E402
 from hf_rebasin.evaluation.barrier import evaluate  # noqa: E402
 from hf_rebasin.match import Alignment  # noqa: E402
+from hf_rebasin.match.alignment import DEFAULT_HOLDOUT  # noqa: E402
 from hf_rebasin.match.cuda_rules import check_step  # noqa: E402
 from hf_rebasin.match.learned import learn  # noqa: E402
 from hf_rebasin.match.train_loop import make_optimizer  # noqa: E402
-from hf_rebasin.options import MergeOptions  # noqa: E402
+from hf_rebasin.options import SELF_SAMPLE_SHARE, MergeOptions  # noqa: E402
 from hf_rebasin.sources import models  # noqa: E402
 from hf_rebasin.sources.eval_data import EvalData  # noqa: E402
+from hf_rebasin.sources.self_samples import SAMPLE_BATCH, Sampling, drawn_tokens, sample_sequences  # noqa: E402
 
 EXACT_NATS = 1e-3
 
@@ -99,6 +105,23 @@ def plain_step_seconds(loaded, x: torch.Tensor, device: str, precision: str, rep
     return statistics.median(times[1:]), peak
 
 
+def sampling_tokens_per_s(loaded, seq: int, device: str, vocab: int) -> float:
+    """Tokens/s of the sampler `--train-data self` runs (sources/self_samples.py: SAMPLE_BATCH texts at once with the
+    model's KV cache, the model as the pipeline loads it), over one batch of SAMPLE_BATCH windows of `seq` tokens."""
+    model = loaded.backend.load_model(loaded).to(device)
+    sampling = Sampling(models=("timing",), vocabulary_digest="timing", windows=SAMPLE_BATCH, seq_len=seq,
+                        temperature=1.0, top_p=1.0, seed=0, start_token=0, vocab_size=vocab)
+    generator = torch.Generator(device=device).manual_seed(0)
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in sample_sequences(model, SAMPLE_BATCH, sampling, generator, device):
+        pass
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    del model
+    return drawn_tokens(SAMPLE_BATCH, sampling) / seconds
+
+
 def loss_of(graph, template, batch: EvalData, device: str) -> float:
     model = models.instantiate(graph, template)
     loss = evaluate(model, batch, batch_size=len(batch.inputs), device=device)["loss"]
@@ -137,6 +160,13 @@ def check(name: str, work: Path, args) -> dict:
                for g, t in zip(graphs, result.transforms)]
     moved = max(float((t.rotation - torch.eye(t.rotation.shape[0])).abs().max()) for t in result.transforms)
     tokens_per_s = args.batch * args.seq / dual_s
+    # what `merge A B --method dual` (no --train-data: `self`) would spend at its default steps and batch, from the
+    # measured rates: sampling its windows, and its steps (the step time scaled linearly from --batch)
+    sample_rate = sampling_tokens_per_s(loaded[0], args.seq, args.device, vocab)
+    defaults = MergeOptions()
+    sampled = (-(-defaults.steps * defaults.learn_batch_size // SELF_SAMPLE_SHARE) + DEFAULT_HOLDOUT) * args.seq
+    default_sample_s = sampled / sample_rate
+    default_train_s = defaults.steps * dual_s * defaults.learn_batch_size / args.batch
     return {"config": f"pythia-{name}", "params": sum(v.numel() for v in graphs[0].params.values()),
             "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",
             "precision": args.precision + (" + checkpointing" if args.gradient_checkpointing else "")
@@ -148,7 +178,9 @@ def check(name: str, work: Path, args) -> dict:
             "peak_memory_kind": result.settings["peak_memory"]["what"],
             "rotation_moved": moved, "endpoint_loss_change": max(changes),
             "exact": max(changes) < EXACT_NATS,
-            "budget_steps": args.budget_steps, "budget_hours": args.budget_steps * dual_s / 3600}
+            "budget_steps": args.budget_steps, "budget_hours": args.budget_steps * dual_s / 3600,
+            "sample_tokens_per_s": sample_rate, "default_self_tokens": sampled, "default_sample_s": default_sample_s,
+            "default_train_s": default_train_s}
 
 
 def main() -> int:
@@ -187,13 +219,15 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(f"\n| config | device | precision | batch × seq | plain f+b s | dual step s | ratio | tokens/s | "
-          f"peak GiB dual / plain | endpoint Δloss | hours at {args.budget_steps} steps |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          f"peak GiB dual / plain | endpoint Δloss | hours at {args.budget_steps} steps | sampled tokens/s | "
+          "`self` at the defaults: sample s / train s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['config']} | {r['device']} | {r['precision']} | {r['batch']} × {r['seq']} | "
               f"{r['plain_step_s']:.3f} | {r['dual_step_s']:.3f} | {r['ratio']:.2f} | {r['tokens_per_s']:.0f} | "
               f"{r['peak_gib_dual']:.2f} / {r['peak_gib_plain']:.2f} | {r['endpoint_loss_change']:.1e}"
-              f"{'' if r['exact'] else ' CHANGED'} | {r['budget_hours']:.1f} |")
+              f"{'' if r['exact'] else ' CHANGED'} | {r['budget_hours']:.1f} | {r['sample_tokens_per_s']:.0f} | "
+              f"{r['default_sample_s']:.0f} / {r['default_train_s']:.0f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0 if all(r["exact"] for r in rows) else 1

@@ -50,6 +50,13 @@ def preflight(models: list[str], options) -> None:
             raise OptionError(f"{flag} {SELF_DATA} samples text from the models, and these are image classifiers "
                               "(timm): a classifier maps images to labels and cannot generate images to match on. "
                               f"Give {flag} images (an ImageFolder, an .npz or a datasets spec)")
+    if backends == {"timm"}:  # options.check took the models for language models, which sample by default
+        from .options import HARMLESS_WHEN_IGNORED, MergeOptions, fields_of, flag_of
+        flags = {f.name: flag_of(f) for f in fields_of(MergeOptions)}
+        late = [f"{flags[name]} {why}: drop it" for name, why in options.ignored(task="image-classification").items()
+                if name not in options.ignored() and name not in HARMLESS_WHEN_IGNORED]
+        if late:
+            raise OptionError("; ".join(late))
     for flag, spec in (("--data", options.data), ("--match-data", options.match_data),
                        ("--train-data", options.train_data)):
         if spec and (spec != SELF_DATA or flag == "--data"):

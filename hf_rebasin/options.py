@@ -23,8 +23,12 @@ MAX_LATTICE_POINTS = 500  # evaluations of an N-way merge's simplex lattice
 LAMBDA_DISTRIBUTIONS = ("uniform", "narrow")
 
 SELF_DATA = "self"  # --train-data / --match-data: sequences sampled from the models (sources/self_samples.py)
-# lm/dual without --train-data and --match-data: None = --data split in halves; SELF_DATA would make `self` the default
-DEFAULT_LEARNED_DATA: str | None = None
+# lm/dual on language models without --train-data or --match-data train on `self` (BENCHMARKS.md, "Soft targets" and
+# "self by default"); image models: --data split in halves (pipeline.training_data)
+DEFAULT_LEARNED_DATA: str | None = SELF_DATA
+# `self` for lm/dual: an eighth of the windows the steps draw (each seen about 8 times) + the held-out ones; as close to
+# a full pass as measured (within 0.004 nats on three long-trained pairs) for an eighth of the sampling
+SELF_SAMPLE_SHARE = 8
 
 
 def default_lambda_dist(method: str, n_models: int, task: str) -> str:
@@ -108,11 +112,14 @@ class MergeOptions:
                         "--am-batches batches spread over the training data)", group=LEARNED, choices=("wm", "am"))
     train_data: str | None = option(None, "training data for lm/dual, same forms as --data, or a token file FILE.npy "
                                     f"(`hf-rebasin tokenize`, read memory-mapped), or {SELF_DATA}: sampled from the "
-                                    "models, --steps x --learn-batch-size windows + the --holdout ones (default: "
-                                    "--match-data, else --data split in halves by document)", group=LEARNED)
+                                    f"models, 1/{SELF_SAMPLE_SHARE} of --steps x --learn-batch-size windows + the "
+                                    "--holdout ones (default: --match-data, else for language models "
+                                    f"{SELF_DATA}, for image models --data split in halves)", group=LEARNED)
     allow_train_on_eval: bool = option(False, "accept training data that shares examples with the evaluation data "
                                        "(refused otherwise: the barrier would be in-sample)", group=LEARNED)
-    max_train_tokens: int | None = option(None, "cap on training tokens (LMs; default all)", group=LEARNED, low=1)
+    max_train_tokens: int | None = option(None, "cap on training tokens (LMs; default all; with "
+                                             f"{SELF_DATA}: tokens to sample, up to --steps x --learn-batch-size "
+                                             "windows + the --holdout ones)", group=LEARNED, low=1)
     max_train_examples: int | None = option(None, "cap on training images (default all)", group=LEARNED, low=1)
     eval_every: int = option(50, "steps between held-out midpoint-barrier estimates shown in the bar (0: off)",
                              group=LEARNED, low=0)
@@ -156,7 +163,7 @@ class MergeOptions:
         targets"), else 0."""
         if self.soft_targets is not None:
             return self.soft_targets
-        return 1.0 if self.self_sampled() and task == "causal-lm" else 0.0
+        return 1.0 if self.self_sampled(task) else 0.0
 
     def warmup_steps(self) -> int:
         return max(1, self.steps // 10) if self.warmup is None else self.warmup
@@ -174,19 +181,25 @@ class MergeOptions:
         return parse_size(self.max_shard_size)
 
     # --- checks --------------------------------------------------------------------------------------
-    def self_sampled(self) -> bool:
-        """Whether the method's matching data (learned methods: their training data) is sampled from the models."""
+    def self_sampled(self, task: str | None = None) -> bool:
+        """Whether the method's matching data (learned methods: their training data) is sampled from the models of
+        `task` (None: not known yet, taken to be language models)."""
         from .match import METHODS
         method = METHODS.get(self.method)
-        learned = method is not None and method.learned
-        spec = (self.train_data or self.match_data or DEFAULT_LEARNED_DATA) if learned else self.match_data
-        return method is not None and method.needs_data and spec == SELF_DATA
+        if method is None or not method.needs_data or task not in (None, "causal-lm"):
+            return False
+        return (self.train_data or self.match_data or DEFAULT_LEARNED_DATA if method.learned
+                else self.match_data) == SELF_DATA
+
+    def self_by_default(self, task: str | None = None) -> bool:
+        """Whether `self` comes from DEFAULT_LEARNED_DATA rather than a flag."""
+        return self.self_sampled(task) and not (self.train_data or self.match_data)
 
     def uses_rounds(self) -> bool:
         """Whether the method runs weight matching (wm, wm-perm, and lm/dual from its solution)."""
         return self.method not in ("raw", "am", "am-perm") and self.start == "wm"
 
-    def ignored(self, export: bool = True) -> dict[str, str]:
+    def ignored(self, export: bool = True, task: str | None = None) -> dict[str, str]:
         """{field: why} for every option set to other than its default that the method (or, export=False, a
         barrier, which writes no checkpoint) would ignore."""
         from .match import METHODS
@@ -202,7 +215,7 @@ class MergeOptions:
             why["match_data"] = f"is for the methods that match on data (am, lm, dual), not --method {self.method}"
         if self.method not in ("am", "am-perm") and not (method.learned and self.start == "am"):
             why["am_batches"] = f"is for --method am / am-perm and --start am, not --method {self.method}"
-        if self.self_sampled():
+        if self.self_sampled(task):
             why.pop("learn_seed", None)  # it seeds the samples
         else:
             why.update(dict.fromkeys(("self_temperature", "self_top_p", "self_samples_dir"),

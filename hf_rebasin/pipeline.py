@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
@@ -36,7 +37,7 @@ from .export.checkpoint import save
 from .export.io import ShardWriter, atomic_output_dir, atomic_write
 from .match import METHODS, Alignment, MatchContext
 from .match.alignment import DEFAULT_HOLDOUT
-from .options import DEFAULT_LM_DATA, MergeOptions
+from .options import DEFAULT_LM_DATA, SELF_DATA, SELF_SAMPLE_SHARE, MergeOptions
 from .requirements import installed_versions
 from .sources.eval_data import EvalData, load_eval_data
 from .sources.models import (
@@ -103,7 +104,7 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     context = MatchContext(options, template=template, eval_data=data, progress=progress)
     method = METHODS[options.method]
     # `self` data, sampled from the models: language models only (`self` asked for image models is refused by name)
-    sampled = options.self_sampled() and template.task == "causal-lm"
+    sampled = options.self_sampled(template.task)
     samples = self_samples(loaded, template, options, progress, timings) if sampled else None
     if samples is not None:
         context.match_data = samples
@@ -112,7 +113,8 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
             options.match_data, template, options, flag="--match-data")
     data_notes = []
     if method.learned:
-        context.train_data, data, data_notes = training_data(options, template, context.match_data, data, samples)
+        context.train_data, data, data_notes = training_data(options, template, context.match_data, data, data_spec,
+                                                             samples)
         context.eval_data = data
     start = time.perf_counter()
     alignment = method.run(graphs, context)
@@ -199,27 +201,35 @@ def eval_data(spec: str | None, template: Loaded, options: MergeOptions, flag: s
                           max_examples=options.max_eval_examples, text_field=options.text_field, flag=flag)
 
 
-def training_data(options: MergeOptions, template: Loaded, match_data: EvalData | None,
-                  data: EvalData, samples: EvalData | None = None) -> tuple[EvalData, EvalData, list[str]]:
-    """(training data, evaluation data, notes) of a learned method.  --train-data, else --match-data, else --data
-    split into disjoint halves (split_in_halves: text by document, never window by window); `samples`: the
-    sequences sampled from the models when those are the training data (`self`).  Training data that
-    shares examples with the evaluation data (compared by content) is refused unless --allow-train-on-eval."""
+def training_data(options: MergeOptions, template: Loaded, match_data: EvalData | None, data: EvalData,
+                  data_spec: str, samples: EvalData | None = None) -> tuple[EvalData, EvalData, list[str]]:
+    """(training data, evaluation data, notes) of a learned method: `samples` when it trains on sequences sampled
+    from the models (`self`: asked for, or language models without --train-data and --match-data), else
+    --train-data, else --match-data; --data itself (--train-data naming the --data set, or image models given
+    --data alone) is split into disjoint halves (split_in_halves: text by document, never window by window), or
+    trained on whole with --allow-train-on-eval.  Training data that shares examples with the evaluation data
+    (compared by content) is refused unless --allow-train-on-eval."""
     notes = []
     if samples is not None:
         train = samples
-    elif options.train_data:
+        if options.self_by_default(template.task):
+            notes.append(f"no --train-data: learned matching trained on {samples.info['tokens']:,} tokens sampled from "
+                         f"the models themselves ({SELF_DATA}, the default for language models)")
+    elif options.train_data and options.train_data != data_spec:
         train = load_eval_data(options.train_data, template, seq_len=options.seq_len,
                                max_tokens=options.max_train_tokens, max_examples=options.max_train_examples,
                                text_field=options.text_field, flag="--train-data")
-    elif match_data is not data or options.allow_train_on_eval:
+    elif not options.train_data and match_data is not data:
         train = match_data
+    elif options.allow_train_on_eval:
+        train = data
     else:
         if len(data.inputs) < 4:
-            raise OptionError(f"--method {options.method} with only --data splits it into training and evaluation "
-                              f"halves, and {len(data.inputs)} examples are too few: pass --train-data")
+            raise OptionError(f"--method {options.method} training on --data splits it into training and evaluation "
+                              f"halves, and {len(data.inputs)} examples are too few: pass another --train-data")
         train, data, how = split_in_halves(data, template, options.learn_seed)
-        notes.append(f"no --train-data: --data was split into disjoint halves ({how}); learned matching trained "
+        given = "--train-data is the --data set" if options.train_data else "no --train-data"
+        notes.append(f"{given}: --data was split into disjoint halves ({how}); learned matching trained "
                      f"on {len(train.inputs)} examples, the barrier is measured on the other {len(data.inputs)}")
     shared = shared_examples(train, data)
     if shared:
@@ -246,16 +256,21 @@ def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, 
     seq_len = options.seq_len or default_seq_len(template)
     check_seq_len(seq_len, template)
     learned = METHODS[options.method].learned
-    if learned:  # one pass over the samples: every step's batch is new, plus the held-out windows
-        windows = options.steps * options.learn_batch_size + (DEFAULT_HOLDOUT if options.holdout is None
-                                                              else options.holdout)
-        if options.max_train_tokens is not None:
-            windows = min(windows, options.max_train_tokens // seq_len)
+    if learned:  # an eighth of the windows the steps draw (--max-train-tokens: up to all), and the held-out ones
+        drawn, held = (options.steps * options.learn_batch_size,
+                       DEFAULT_HOLDOUT if options.holdout is None else options.holdout)
+        windows = (-(-drawn // SELF_SAMPLE_SHARE) + held if options.max_train_tokens is None
+                   else min(drawn + held, options.max_train_tokens // seq_len))
     else:  # activation matching reads --am-batches batches of --batch-size windows
         windows = options.am_batches * options.batch_size
     if windows < len(loaded):
         raise OptionError(f"{windows} sampled windows cannot give each of the {len(loaded)} models a share: raise "
                           "--max-train-tokens")
+    if options.self_by_default(template.task) and progress:
+        print(f"hf-rebasin: no --train-data: --method {options.method} trains on {windows:,} windows of {seq_len} "
+              f"tokens sampled from the models themselves (--train-data {SELF_DATA}); pass --train-data for text of "
+              "your own",
+              file=sys.stderr, flush=True)
     tokenizer = template.backend.tokenizer(template.folder)
     sampling = Sampling(models=tuple(weights_digest(m.files.files) for m in loaded),
                         vocabulary_digest=vocabulary_digest(tokenizer), windows=windows, seq_len=seq_len,

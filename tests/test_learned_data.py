@@ -1,5 +1,6 @@
 """What learned matching trains on, and what the report says about it: training data that overlaps the
-evaluation data is found by content and refused, --data alone is split into disjoint halves, digests and the
+evaluation data is found by content and refused, image data given as --data alone is split into disjoint halves
+(language models sample `self` instead: test_self_data.py), digests and the
 number of learned parameters are recorded, and the signed excess is reported at every λ."""
 from __future__ import annotations
 
@@ -30,13 +31,41 @@ def test_training_on_the_evaluation_data_is_refused_by_content(pair, tmp_path, c
     assert any("partly in-sample" in note for note in report["notes"])
 
 
-def test_data_alone_is_split_into_disjoint_halves(pair, tmp_path):
-    assert dual(pair, tmp_path / "out") == 0
+def test_training_data_that_names_the_evaluation_set_is_split_into_disjoint_halves(pair, tmp_path):
+    """A language model told to train on the --data set itself trains on the first half of its documents and is
+    evaluated on the other half (without --train-data it would sample `self`: test_self_data.py)."""
+    _, _, root = pair
+    assert dual(pair, tmp_path / "out", "--train-data", str(root / "heldout.txt")) == 0
     report = json.loads((tmp_path / "out" / "barrier.json").read_text())
-    assert any("split into disjoint halves (" in note for note in report["notes"])
+    assert any(note.startswith("--train-data is the --data set: --data was split into disjoint halves (")
+               for note in report["notes"])
+    assert "self_samples" not in report["settings"] and report["settings"]["learned"]["soft_targets"] == 0.0
     train, held_out = report["settings"]["train_data"], report["data"]
     assert held_out["part"] == "eval half" and train["digest"] != held_out["digest"]
     assert 0 < train["tokens"] and 0 < held_out["tokens"] and train["tokens"] + held_out["tokens"] <= 2048
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "disjoint halves" in card and "`learned_parameters`" in card
+    # --allow-train-on-eval trains on all of it instead, and says the barrier is in-sample
+    assert dual(pair, tmp_path / "in", "--train-data", str(root / "heldout.txt"), "--allow-train-on-eval") == 0
+    report = json.loads((tmp_path / "in" / "barrier.json").read_text())
+    assert "part" not in report["data"] and any("partly in-sample" in note for note in report["notes"])
+
+
+def test_image_data_alone_is_split_into_disjoint_halves(tiny_dirs, image_file, tmp_path):
+    """Image classifiers cannot sample their own data: with --data alone it is split, at random under --learn-seed,
+    one half trains and the other is evaluated (language models sample `self` instead: test_self_data.py)."""
+    from hf_rebasin import tiny
+    from hf_rebasin.cli import main
+    other = tiny.make_tiny("vit", tmp_path / "vit-2", seed=2)
+    assert main(["merge", str(tiny_dirs["vit"]), str(other), "--method", "dual", "--data", str(image_file),
+                 "--lambdas", "3", "--steps", "2", "--learn-batch-size", "8", "--eval-every", "0",
+                 "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "barrier.json").read_text())
+    assert any("split into disjoint halves (" in note for note in report["notes"])
+    assert "self_samples" not in report["settings"] and report["settings"]["learned"]["soft_targets"] == 0.0
+    train, held_out = report["settings"]["train_data"], report["data"]
+    assert held_out["part"] == "eval half" and train["digest"] != held_out["digest"]
+    assert train["examples"] + held_out["examples"] == 48 and min(train["examples"], held_out["examples"]) > 0
     card = (tmp_path / "out" / "README.md").read_text()
     assert "disjoint halves" in card and "`learned_parameters`" in card
 

@@ -246,6 +246,12 @@ def test_image_models_are_refused_by_name(tiny_dirs, tmp_path, capsys):
                      "--data", str(tmp_path / "images.npz")])
         err = capsys.readouterr().err
         assert code == 2 and f"{flag} self" in err and "cannot generate images" in err, err
+    # nor do they sample by default, so the sampling options are refused for them as for any run that samples nothing
+    code = main(["barrier", str(tiny_dirs["vit"]), str(tiny_dirs["vit"]), "--method", "dual", "--self-temperature",
+                 "0.7", "--data", str(tmp_path / "images.npz")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--self-temperature is for --train-data / --match-data self" in err, err
+    assert MergeOptions(method="dual", self_temperature=0.7).ignored() == {}  # a language model would use it
 
 
 @pytest.mark.parametrize("options, flag", [
@@ -269,7 +275,49 @@ def test_options_that_self_sampling_uses_are_accepted():
         MergeOptions(**options).check()
         assert MergeOptions(**options).self_sampled()
     assert not MergeOptions(method="dual", train_data="corpus.txt").self_sampled()
-    assert not MergeOptions(method="dual").self_sampled()  # not the default (yet): options.DEFAULT_LEARNED_DATA
+
+
+def test_language_models_learn_on_self_samples_unless_given_data():
+    """The default of lm/dual without --train-data and --match-data, for language models only (BENCHMARKS.md,
+    "`self` by default")."""
+    for method in ("dual", "lm"):
+        default = MergeOptions(method=method)
+        assert default.self_sampled() and default.self_sampled("causal-lm") and default.self_by_default("causal-lm")
+        assert default.soft_target_share("causal-lm") == 1.0
+        assert not default.self_sampled("image-classification") and not default.self_by_default("image-classification")
+        assert default.soft_target_share("image-classification") == 0.0
+        for given in (dict(train_data="corpus.txt"), dict(match_data="corpus.txt")):
+            assert not MergeOptions(method=method, **given).self_sampled()
+        assert MergeOptions(method=method, train_data="self").self_sampled()
+        assert not MergeOptions(method=method, train_data="self").self_by_default()
+    for method in ("wm", "am", "raw"):  # am matches on --data unless told; the others read no data
+        assert not MergeOptions(method=method).self_sampled()
+
+
+def test_dual_without_training_data_samples_an_eighth_of_its_steps(pair, tmp_path, capsys):
+    """`merge A B --method dual --data D`: trains on `self` (said on stderr, in barrier.json and the card),
+    sampling an eighth of the windows its steps draw plus the held-out ones, and evaluates on all of D."""
+    from hf_rebasin.match.alignment import DEFAULT_HOLDOUT
+    from hf_rebasin.options import SELF_SAMPLE_SHARE
+    cache = tmp_path / "cache"
+    assert short_dual(pair, tmp_path / "out", "--self-samples-dir", str(cache)) == 0
+    err = capsys.readouterr().err
+    steps, batch = 4, 8  # short_dual's
+    windows = -(-steps * batch // SELF_SAMPLE_SHARE) + DEFAULT_HOLDOUT
+    assert f"no --train-data: --method dual trains on {windows:,} windows of 32 tokens sampled from the models" in err
+    report = json.loads((tmp_path / "out" / "barrier.json").read_text())
+    samples = report["settings"]["self_samples"]
+    assert SELF_SAMPLE_SHARE == 8 and samples["windows"] == windows and samples["tokens"] == windows * 32
+    assert report["settings"]["train_data"]["spec"] == "self" and report["settings"]["learned"]["soft_targets"] == 1.0
+    assert any(note.startswith(f"no --train-data: learned matching trained on {windows * 32:,} tokens sampled")
+               for note in report["notes"])
+    assert "part" not in report["data"] and report["data"]["tokens"] == 2048  # all of --data is evaluated
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "sampled from the models themselves" in card and "no --train-data" in card
+    # --max-train-tokens raises the sample up to one pass over the steps (and caps it below that)
+    assert short_dual(pair, tmp_path / "full", "--self-samples-dir", str(cache), "--max-train-tokens", "99999") == 0
+    full = json.loads((tmp_path / "full" / "barrier.json").read_text())["settings"]["self_samples"]
+    assert full["windows"] == steps * batch + DEFAULT_HOLDOUT
 
 
 def test_soft_targets_default_to_the_models_own_prediction_on_self_samples_only():
