@@ -117,6 +117,10 @@ PAIRS: dict[str, dict] = {
 # d-64 pair? (issue 29, part 3)
 PAIRS["neox-stdlib-wide"] = {**PAIRS["neox-stdlib-long"], "config": {
     **PAIRS["neox-stdlib-long"]["config"], "hidden_size": 128, "num_hidden_layers": 6, "intermediate_size": 512}}
+# the d-64 long pair with 4x the FFN units (1,024 per layer), nothing else changed: do the FFN permutations, the
+# one discrete part dual does not learn, limit it because 256 independently trained units do not correspond?
+PAIRS["neox-stdlib-long-ffn4x"] = {**PAIRS["neox-stdlib-long"], "config": {
+    **PAIRS["neox-stdlib-long"]["config"], "intermediate_size": 1024}}
 # the long recipe on a LLaMA-class family (Qwen2: GQA 4/2, SwiGLU, RMSNorm, tied embeddings; the short Qwen2 pair's
 # shape): does a long-trained LLaMA-class pair leave what the GPT-NeoX one does? (issue 29, part 4)
 PAIRS["qwen2-stdlib-long"] = {**PAIRS["neox-stdlib-long"], "config_class": "Qwen2Config",
