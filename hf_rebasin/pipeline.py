@@ -237,7 +237,8 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
         if not options.allow_train_on_eval:
             raise OptionError(f"{shared} of the {len(train.inputs)} training examples ({where}) are also in the "
                               f"evaluation data (--data), compared by content: the barrier would be in-sample. Pass "
-                              f"a disjoint --train-data, or --allow-train-on-eval to accept an in-sample barrier")
+                              f"a disjoint --train-data, the --data spec itself as --train-data to split it into "
+                              f"halves, or --allow-train-on-eval to accept an in-sample barrier")
         notes.append(f"learned matching trained on {shared} examples that are also evaluated (--allow-train-on-eval): "
                      "the reported barrier is partly in-sample")
     return train, data, notes
