@@ -52,11 +52,11 @@ from merge_size import PYTHIA, make_checkpoint  # noqa: E402
 from hf_rebasin.core.symmetry import Transform, apply  # noqa: E402
 from hf_rebasin.evaluation.barrier import evaluate  # noqa: E402
 from hf_rebasin.match import Alignment  # noqa: E402
-from hf_rebasin.match.alignment import DEFAULT_HOLDOUT  # noqa: E402
 from hf_rebasin.match.cuda_rules import check_step  # noqa: E402
 from hf_rebasin.match.learned import learn  # noqa: E402
 from hf_rebasin.match.train_loop import make_optimizer  # noqa: E402
-from hf_rebasin.options import SELF_SAMPLE_SHARE, MergeOptions  # noqa: E402
+from hf_rebasin.options import MergeOptions  # noqa: E402
+from hf_rebasin.pipeline import self_sample_windows  # noqa: E402
 from hf_rebasin.sources import models  # noqa: E402
 from hf_rebasin.sources.eval_data import EvalData  # noqa: E402
 from hf_rebasin.sources.self_samples import SAMPLE_BATCH, Sampling, drawn_tokens, sample_sequences  # noqa: E402
@@ -163,8 +163,8 @@ def check(name: str, work: Path, args) -> dict:
     # what `merge A B --method dual` (no --train-data: `self`) would spend at its default steps and batch, from the
     # measured rates: sampling its windows, and its steps (the step time scaled linearly from --batch)
     sample_rate = sampling_tokens_per_s(loaded[0], args.seq, args.device, vocab)
-    defaults = MergeOptions()
-    sampled = (-(-defaults.steps * defaults.learn_batch_size // SELF_SAMPLE_SHARE) + DEFAULT_HOLDOUT) * args.seq
+    defaults = MergeOptions(method="dual")
+    sampled = self_sample_windows(defaults, args.seq) * args.seq
     default_sample_s = sampled / sample_rate
     default_train_s = defaults.steps * dual_s * defaults.learn_batch_size / args.batch
     return {"config": f"pythia-{name}", "params": sum(v.numel() for v in graphs[0].params.values()),

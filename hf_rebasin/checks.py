@@ -51,10 +51,7 @@ def preflight(models: list[str], options) -> None:
                               "(timm): a classifier maps images to labels and cannot generate images to match on. "
                               f"Give {flag} images (an ImageFolder, an .npz or a datasets spec)")
     if backends == {"timm"}:  # options.check took the models for language models, which sample by default
-        from .options import HARMLESS_WHEN_IGNORED, MergeOptions, fields_of, flag_of
-        flags = {f.name: flag_of(f) for f in fields_of(MergeOptions)}
-        late = [f"{flags[name]} {why}: drop it" for name, why in options.ignored(task="image-classification").items()
-                if name not in options.ignored() and name not in HARMLESS_WHEN_IGNORED]
+        late = options.refused_as_ignored(task="image-classification")
         if late:
             raise OptionError("; ".join(late))
     for flag, spec in (("--data", options.data), ("--match-data", options.match_data),

@@ -199,6 +199,12 @@ class MergeOptions:
         """Whether the method runs weight matching (wm, wm-perm, and lm/dual from its solution)."""
         return self.method not in ("raw", "am", "am-perm") and self.start == "wm"
 
+    def refused_as_ignored(self, export: bool = True, task: str | None = None) -> list[str]:
+        """A problem for every option that the run would ignore (but those HARMLESS_WHEN_IGNORED), by its flag."""
+        flags = {f.name: flag_of(f) for f in fields_of(MergeOptions)}
+        return [f"{flags[name]} {why}: drop it" for name, why in self.ignored(export, task).items()
+                if name not in HARMLESS_WHEN_IGNORED]
+
     def ignored(self, export: bool = True, task: str | None = None) -> dict[str, str]:
         """{field: why} for every option set to other than its default that the method (or, export=False, a
         barrier, which writes no checkpoint) would ignore."""
@@ -278,9 +284,7 @@ class MergeOptions:
             problems.append("--fsdp shards the endpoints over the processes of `accelerate launch --num_processes N`, "
                             "and this run has one process: launch it with accelerate, or drop --fsdp "
                             "(--gradient-checkpointing saves memory in one process)")
-        flags = {f.name: flag_of(f) for f in fields_of(MergeOptions)}
-        problems += [f"{flags[name]} {why}: drop it" for name, why in self.ignored(export).items()
-                     if refuse_ignored and name not in HARMLESS_WHEN_IGNORED]
+        problems += self.refused_as_ignored(export) if refuse_ignored else []
         if n_models == 2 and self.lambdas == 2:
             problems.append("--lambdas 2 evaluates the endpoints alone, whose excess over the endpoint line is 0 by "
                             "definition: the barrier would measure nothing; use --lambdas 3 or more")

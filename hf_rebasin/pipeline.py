@@ -244,6 +244,18 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
     return train, data, notes
 
 
+def self_sample_windows(options: MergeOptions, seq_len: int) -> int:
+    """How many windows `self` samples: lm/dual an eighth of the windows their steps draw (--max-train-tokens: up
+    to all of them) and the held-out ones; activation matching its --am-batches batches of --batch-size."""
+    if not METHODS[options.method].learned:
+        return options.am_batches * options.batch_size
+    drawn = options.steps * options.learn_batch_size
+    held = DEFAULT_HOLDOUT if options.holdout is None else options.holdout
+    if options.max_train_tokens is None:
+        return -(-drawn // SELF_SAMPLE_SHARE) + held
+    return min(drawn + held, options.max_train_tokens // seq_len)
+
+
 def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, progress: bool,
                  timings: dict) -> EvalData:
     """`self` data: sequences sampled from every model (an equal share each), cached as a token file in
@@ -257,13 +269,7 @@ def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, 
     seq_len = options.seq_len or default_seq_len(template)
     check_seq_len(seq_len, template)
     learned = METHODS[options.method].learned
-    if learned:  # an eighth of the windows the steps draw (--max-train-tokens: up to all), and the held-out ones
-        drawn, held = (options.steps * options.learn_batch_size,
-                       DEFAULT_HOLDOUT if options.holdout is None else options.holdout)
-        windows = (-(-drawn // SELF_SAMPLE_SHARE) + held if options.max_train_tokens is None
-                   else min(drawn + held, options.max_train_tokens // seq_len))
-    else:  # activation matching reads --am-batches batches of --batch-size windows
-        windows = options.am_batches * options.batch_size
+    windows = self_sample_windows(options, seq_len)
     if windows < len(loaded):
         raise OptionError(f"{windows} sampled windows cannot give each of the {len(loaded)} models a share: raise "
                           "--max-train-tokens")
