@@ -117,6 +117,12 @@ PAIRS: dict[str, dict] = {
 # d-64 pair? (issue 29, part 3)
 PAIRS["neox-stdlib-wide"] = {**PAIRS["neox-stdlib-long"], "config": {
     **PAIRS["neox-stdlib-long"]["config"], "hidden_size": 128, "num_hidden_layers": 6, "intermediate_size": 512}}
+# the width series at the long pair's depth (4 layers): d 32 and d 128 (FFN 4 d, 4 heads), to tell the wide pair's
+# residual width from its depth (issue 29, part 3)
+PAIRS["neox-stdlib-narrow"] = {**PAIRS["neox-stdlib-long"], "config": {
+    **PAIRS["neox-stdlib-long"]["config"], "hidden_size": 32, "intermediate_size": 128}}
+PAIRS["neox-stdlib-wide4"] = {**PAIRS["neox-stdlib-long"], "config": {
+    **PAIRS["neox-stdlib-long"]["config"], "hidden_size": 128, "intermediate_size": 512}}
 # the d-64 long pair with 4x the FFN units (1,024 per layer), nothing else changed: do the FFN permutations, the
 # one discrete part dual does not learn, limit it because 256 independently trained units do not correspond?
 PAIRS["neox-stdlib-long-ffn4x"] = {**PAIRS["neox-stdlib-long"], "config": {
