@@ -34,16 +34,36 @@ def part_of(key: str) -> str:
     return "embedding" if key.startswith("embed.") else "final norm and unembedding"
 
 
-def main() -> None:
+def aligned_pair(name: str, method: str, seq_len: int, max_eval_tokens: int, train_data: str | None = None):
+    """Match the cached pair with the library at the method's defaults: (pair paths, the result, the loaded models,
+    their aligned canonical forms A' and B', the pair's test windows)."""
     import pairs
-    import torch
 
     import hf_rebasin
-    from hf_rebasin.core.canonical import interpolate
     from hf_rebasin.core.symmetry import apply
-    from hf_rebasin.evaluation.barrier import evaluate
     from hf_rebasin.sources import models
     from hf_rebasin.sources.eval_data import load_eval_data
+
+    pair = pairs.get_pair(name)
+    a, b = str(pair["model_a"]), str(pair["model_b"])
+    options = dict(method=method, data=str(pair["test_data"]), seq_len=seq_len, max_eval_tokens=max_eval_tokens,
+                   lambdas=3)
+    if method in ("lm", "dual"):
+        options["train_data"] = train_data or str(pair["train_data"])
+    result = hf_rebasin.barrier([a, b], **options)
+    loaded = [models.load(source) for source in (a, b)]
+    aligned = [apply(models.canonicalise(m).materialise(), t) for m, t in zip(loaded, result.transforms)]
+    test = load_eval_data(options["data"], loaded[0], seq_len=seq_len, max_tokens=max_eval_tokens,
+                          max_examples=None)
+    return pair, result, loaded, aligned, test
+
+
+def main() -> None:
+    import torch
+
+    from hf_rebasin.core.canonical import interpolate
+    from hf_rebasin.evaluation.barrier import evaluate
+    from hf_rebasin.sources import models
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="neox-stdlib-long")
@@ -54,18 +74,9 @@ def main() -> None:
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    pair = pairs.get_pair(args.pair)
-    a, b = str(pair["model_a"]), str(pair["model_b"])
-    options = dict(method=args.method, data=str(pair["test_data"]), seq_len=args.seq_len,
-                   max_eval_tokens=args.max_eval_tokens, lambdas=3)
-    if args.method in ("lm", "dual"):
-        options["train_data"] = args.train_data or str(pair["train_data"])
-    result = hf_rebasin.barrier([a, b], **options)
-    loaded = [models.load(source) for source in (a, b)]
-    aligned = [apply(models.canonicalise(m).materialise(), t) for m, t in zip(loaded, result.transforms)]
+    _, result, loaded, aligned, data = aligned_pair(args.pair, args.method, args.seq_len, args.max_eval_tokens,
+                                                    args.train_data)
     mid = interpolate(aligned, [0.5, 0.5])
-    data = load_eval_data(options["data"], loaded[0], seq_len=args.seq_len, max_tokens=args.max_eval_tokens,
-                          max_examples=None)
 
     def loss(graph) -> float:
         return evaluate(models.instantiate(graph, loaded[0]), data, batch_size=16)["loss"]

@@ -70,11 +70,9 @@ def repair(mid, ends: list, points: str, inputs: torch.Tensor) -> None:
 
 
 def main() -> None:
-    import pairs
+    from barrier_parts import aligned_pair
 
-    import hf_rebasin
     from hf_rebasin.core.canonical import interpolate
-    from hf_rebasin.core.symmetry import apply
     from hf_rebasin.evaluation.barrier import evaluate
     from hf_rebasin.sources import models
     from hf_rebasin.sources.eval_data import load_eval_data
@@ -88,17 +86,8 @@ def main() -> None:
     parser.add_argument("--max-eval-tokens", type=int, default=65536)
     parser.add_argument("--stats-tokens", type=int, default=32768, help="validation tokens the statistics use")
     args = parser.parse_args()
-    pair = pairs.get_pair(args.pair)
-    a, b = str(pair["model_a"]), str(pair["model_b"])
-    options = dict(method=args.method, data=str(pair["test_data"]), seq_len=args.seq_len,
-                   max_eval_tokens=args.max_eval_tokens, lambdas=3)
-    if args.method in ("lm", "dual"):
-        options["train_data"] = args.train_data or str(pair["train_data"])
-    result = hf_rebasin.barrier([a, b], **options)
-    loaded = [models.load(source) for source in (a, b)]
-    aligned = [apply(models.canonicalise(m).materialise(), t) for m, t in zip(loaded, result.transforms)]
-    test = load_eval_data(options["data"], loaded[0], seq_len=args.seq_len, max_tokens=args.max_eval_tokens,
-                          max_examples=None)
+    pair, result, loaded, aligned, test = aligned_pair(args.pair, args.method, args.seq_len, args.max_eval_tokens,
+                                                       args.train_data)
     stats = load_eval_data(str(pair["val_data"]), loaded[0], seq_len=args.seq_len, max_tokens=args.stats_tokens,
                            max_examples=None).inputs
     ends = [models.instantiate(g, loaded[0]) for g in aligned]
