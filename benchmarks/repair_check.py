@@ -9,7 +9,8 @@ endpoints A', B' and their midpoint M, then, layer by layer from the bottom, res
 chosen linear layers of M (`mlp`: the FFN's input projection, per FFN unit before the GELU; `attn`: the attention's
 output projection, per residual coordinate) so that its output's mean and standard deviation over the pair's
 validation files equal the mean of A''s and B''s.  Each layer's statistics are taken after the layers below it were
-corrected.  Prints the midpoint's excess over the endpoints' mean loss on the test files before and after.
+corrected.  Prints the midpoint's excess over the endpoints' mean loss on the test files before and after, and
+per corrected layer the median of the midpoint's standard deviation over the target's before its correction.
 GPT-NeoX pairs only (the FFN and attention modules are named by GPT-NeoX's layout).
 """
 from __future__ import annotations
@@ -57,16 +58,20 @@ def output_stats(model, linear, inputs: torch.Tensor, batch_size: int = 16) -> t
 
 
 @torch.no_grad()
-def repair(mid, ends: list, points: str, inputs: torch.Tensor) -> None:
-    """Correct the midpoint in place, layer by layer, toward the endpoints' mean statistics."""
+def repair(mid, ends: list, points: str, inputs: torch.Tensor) -> list[float]:
+    """Correct the midpoint in place, layer by layer, toward the endpoints' mean statistics; the median, per
+    corrected layer, of the midpoint's standard deviation over the target's before its correction."""
     targets = [[output_stats(end, linear, inputs) for linear in corrected_layers(end, points)] for end in ends]
+    collapse = []
     for i, linear in enumerate(corrected_layers(mid, points)):
         mean, std = output_stats(mid, linear, inputs)
         target_mean = (targets[0][i][0] + targets[1][i][0]) / 2
         target_std = (targets[0][i][1] + targets[1][i][1]) / 2
+        collapse.append(round(float((std / target_std).median()), 3))
         scale = target_std / std
         linear.weight.mul_(scale[:, None].to(linear.weight.dtype))
         linear.bias.copy_((scale * (linear.bias.double() - mean) + target_mean).to(linear.bias.dtype))
+    return collapse
 
 
 def main() -> None:
@@ -94,10 +99,11 @@ def main() -> None:
     mid = models.instantiate(interpolate(aligned, [0.5, 0.5]), loaded[0])
     end_loss = sum(evaluate(m, test, batch_size=16)["loss"] for m in ends) / 2
     before = evaluate(mid, test, batch_size=16)["loss"] - end_loss
-    repair(mid, ends, args.points, stats)
+    collapse = repair(mid, ends, args.points, stats)
     after = evaluate(mid, test, batch_size=16)["loss"] - end_loss
     print(json.dumps({"pair": args.pair, "method": args.method, "points": args.points, "library_barrier":
-                      result.barrier, "excess_before": round(before, 4), "excess_after": round(after, 4)}))
+                      result.barrier, "excess_before": round(before, 4), "excess_after": round(after, 4),
+                      "std_over_target_before": collapse}))
 
 
 if __name__ == "__main__":
