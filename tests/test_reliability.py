@@ -366,3 +366,38 @@ def test_ctrl_c_that_a_library_turns_into_another_exception(env):
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip() == "hf-rebasin inspect: interrupted; nothing was left half-written", done.stderr
+
+
+CTRL_C_DURING_AN_IMPORT = """
+import os, pathlib, signal, sys, time
+from hf_rebasin.cli import commands, main
+folder = pathlib.Path(sys.argv[1])
+(folder / "slow_extension.py").write_text(  # Ctrl-C early in a module's body, the module goes on for 0.3 s
+    "import os, pathlib, signal, time\\n"
+    "os.kill(os.getpid(), signal.SIGINT)\\n"
+    "time.sleep(0.3)\\n"
+    "pathlib.Path(__file__).with_name('imported').write_text('whole')\\n")
+sys.path.insert(0, str(folder))
+
+def run_inspect(args):
+    import slow_extension  # noqa: F401
+    time.sleep(5)  # the Ctrl-C arrives here, a moment after the import
+    (folder / "ran_on").write_text("the command went on after the import")
+
+commands.run_inspect = run_inspect
+sys.argv = ["hf-rebasin", "inspect", "some/model"]
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_never_cuts_an_import_short(env, tmp_path):
+    """A Ctrl-C inside an import is raised once the import has returned: a C extension's initialization may
+    call Python code that no exception may leave (torch's `import torch.distributed`: SIGABRT and a core dump
+    instead of exit code 130).  The module is imported whole, the command stops a moment after it."""
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", CTRL_C_DURING_AN_IMPORT, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip() == "hf-rebasin inspect: interrupted; nothing was left half-written", done.stderr
+    assert (tmp_path / "imported").read_text() == "whole"
+    assert not (tmp_path / "ran_on").exists() and time.monotonic() - start < 5

@@ -5,6 +5,7 @@ the same machinery without importing the package that lists it."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -64,15 +65,20 @@ _default_show_warning = warnings.showwarning
 
 class _CtrlC:
     """SIGINT in the hf-rebasin process: KeyboardInterrupt, as with Python's own handler, but remembered, because
-    a library may turn it into another exception (a C extension whose import it cut short reports "ImportError:
-    initialization failed", a tensor conversion a ValueError): that is still a Ctrl-C, not a crash.
+    a library may turn it into another exception (a tensor conversion reports a ValueError): that is still a
+    Ctrl-C, not a crash.
 
     Python runs a signal handler wherever the main thread is, and that may be inside a finalizer (a `__del__`
     that the garbage collector calls, a weakref callback: regex's `Group.__del__` during the imports of
     transformers, for one), where an exception is not raised but reported as "Exception ignored in ..." and
     dropped: the Ctrl-C was lost and the merge ran to its end.  `unraisable` catches that report and sends the
     SIGINT again a moment later, when the finalizer has returned, so that it is raised in the code that runs
-    next (and sent again should that be another finalizer)."""
+    next (and sent again should that be another finalizer).
+
+    Nor is an import ever cut short: a C extension's initialization may call Python code where an exception
+    cannot pass (torch's `_c10d_init` during `import torch.distributed`: C++ `terminate`, SIGABRT, a core dump
+    and exit code -6 instead of 130).  A SIGINT that arrives inside an import is sent again until the outermost
+    import has returned, and raised in the code that imported."""
     pressed = False
 
     @classmethod
@@ -80,6 +86,9 @@ class _CtrlC:
         cls.pressed = True
         if _inside(frame, cls.unraisable.__func__.__code__):  # raised here, it would be dropped as well
             cls.resend()
+            return
+        if _inside(frame, _IMPORTING):
+            cls.resend(delay_s=0.02)
             return
         raise KeyboardInterrupt
 
@@ -104,6 +113,9 @@ class _CtrlC:
         cls.pressed = False
         signal.signal(signal.SIGINT, cls.handler)
         sys.unraisablehook = cls.unraisable
+
+
+_IMPORTING = importlib._bootstrap._find_and_load.__code__  # the frame of every `import` that is running
 
 
 def _inside(frame, code) -> bool:
