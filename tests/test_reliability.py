@@ -401,3 +401,33 @@ def test_ctrl_c_never_cuts_an_import_short(env, tmp_path):
     assert done.stderr.strip() == "hf-rebasin inspect: interrupted; nothing was left half-written", done.stderr
     assert (tmp_path / "imported").read_text() == "whole"
     assert not (tmp_path / "ran_on").exists() and time.monotonic() - start < 5
+
+
+COMMAND_RUN_BY_AN_IMPORT = """
+import pathlib, sys
+folder = pathlib.Path(sys.argv[1])
+(folder / "runs_the_command.py").write_text(  # a program whose import runs the command: that is no import to wait on
+    "import os, pathlib, signal, sys, time\\n"
+    "from hf_rebasin.cli import commands, main\\n"
+    "folder = pathlib.Path(sys.argv[1])\\n"
+    "def run_inspect(args):\\n"
+    "    os.kill(os.getpid(), signal.SIGINT)\\n"
+    "    time.sleep(5)\\n"
+    "    (folder / 'ran_on').write_text('the Ctrl-C waited for the import that ran the command')\\n"
+    "commands.run_inspect = run_inspect\\n"
+    "sys.argv = ['hf-rebasin', 'inspect', 'some/model']\\n"
+    "sys.exit(main())\\n")
+sys.path.insert(0, str(folder))
+import runs_the_command  # noqa: F401
+"""
+
+
+def test_ctrl_c_in_a_command_that_an_import_runs(env, tmp_path):
+    """Only the imports the command starts hold a Ctrl-C back: a command run from inside an import (a program
+    whose module body calls main()) stops at once."""
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", COMMAND_RUN_BY_AN_IMPORT, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip() == "hf-rebasin inspect: interrupted; nothing was left half-written", done.stderr
+    assert not (tmp_path / "ran_on").exists() and time.monotonic() - start < 5

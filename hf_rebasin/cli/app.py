@@ -77,8 +77,8 @@ class _CtrlC:
 
     Nor is an import ever cut short: a C extension's initialization may call Python code where an exception
     cannot pass (torch's `_c10d_init` during `import torch.distributed`: C++ `terminate`, SIGABRT, a core dump
-    and exit code -6 instead of 130).  A SIGINT that arrives inside an import is sent again until the outermost
-    import has returned, and raised in the code that imported."""
+    and exit code -6 instead of 130).  A SIGINT that arrives inside an import the command started is sent again
+    until that import has returned, and raised in the code that imported."""
     pressed = False
 
     @classmethod
@@ -87,7 +87,7 @@ class _CtrlC:
         if _inside(frame, cls.unraisable.__func__.__code__):  # raised here, it would be dropped as well
             cls.resend()
             return
-        if _inside(frame, _IMPORTING):
+        if _importing_below_main(frame):
             cls.resend(delay_s=0.02)
             return
         raise KeyboardInterrupt
@@ -116,6 +116,15 @@ class _CtrlC:
 
 
 _IMPORTING = importlib._bootstrap._find_and_load.__code__  # the frame of every `import` that is running
+
+
+def _importing_below_main(frame) -> bool:
+    """Whether an import that the command started is running (not one that main() itself runs inside)."""
+    while frame is not None and frame.f_code is not main.__code__:
+        if frame.f_code is _IMPORTING:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _inside(frame, code) -> bool:
