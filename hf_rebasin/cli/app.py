@@ -87,7 +87,7 @@ class _CtrlC:
         if _inside(frame, cls.unraisable.__func__.__code__):  # raised here, it would be dropped as well
             cls.resend()
             return
-        if _importing_below_main(frame):
+        if _inside(frame, _IMPORTING, below=main.__code__):  # an import the command started, not one running main
             cls.resend(delay_s=0.02)
             return
         raise KeyboardInterrupt
@@ -118,17 +118,9 @@ class _CtrlC:
 _IMPORTING = importlib._bootstrap._find_and_load.__code__  # the frame of every `import` that is running
 
 
-def _importing_below_main(frame) -> bool:
-    """Whether an import that the command started is running (not one that main() itself runs inside)."""
-    while frame is not None and frame.f_code is not main.__code__:
-        if frame.f_code is _IMPORTING:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _inside(frame, code) -> bool:
-    while frame is not None:
+def _inside(frame, code, below=None) -> bool:
+    """Whether `code` runs in frame's stack (given `below`, the code of an outer frame: only above that frame)."""
+    while frame is not None and frame.f_code is not below:
         if frame.f_code is code:
             return True
         frame = frame.f_back
