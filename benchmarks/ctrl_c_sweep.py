@@ -6,14 +6,13 @@ The tests send 3 to 8 random moments per command; this sweeps hundreds, to find 
     .venv/bin/python benchmarks/ctrl_c_sweep.py push --from 0.3 --to 3.0 --step 0.01
     .venv/bin/python benchmarks/ctrl_c_sweep.py merge --from 0.3 --to 6.0 --step 0.02
 
-`push` uploads a tiny wm merge to the tests' fake Hub (a local server); `merge` is that wm merge.  Each run has
-its own folders; moments run one after another (a run takes one core).  To sweep another checkout of the package,
-put it first on PYTHONPATH."""
+The scenarios are tests/interrupt_scenarios.py's: `push` uploads a tiny wm merge to the tests' fake Hub (a local
+server); `merge` is that wm merge.  Each run has its own folders; moments run one after another (a run takes one
+core).  To sweep another checkout of the package, put it first on PYTHONPATH."""
 from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
 import shutil
 import signal
@@ -24,30 +23,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import corpus
 from hub_server import TOKEN, FakeHub
-
-from hf_rebasin import tiny
+from interrupt_scenarios import base_env, make_pair, merge_args
 
 HF_REBASIN = [sys.executable, "-m", "hf_rebasin.cli"]
 
 
-def command_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_HOME=str(home),
-               HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_VERBOSITY="error")
-    return env
-
-
-def merge_args(root: Path, out: Path) -> list[str]:
-    return [*map(str, ["merge", root / "model-a", root / "model-b", "--method", "wm", "--out", out, "--data",
-                       root / "heldout.txt", "--seq-len", "32", "--max-eval-tokens", "1024", "--lambdas", "5"])]
-
-
-def run(args: list[str], env: dict, delay: float | None) -> tuple[int, str, float]:
+def run(args: list, env: dict, delay: float | None) -> tuple[int, str, float]:
     start = time.monotonic()
-    proc = subprocess.Popen([*HF_REBASIN, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([*HF_REBASIN, *map(str, args)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     if delay is not None:
         try:
             proc.wait(timeout=delay)
@@ -66,14 +51,11 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ctrl-c-sweep-"))
     try:
-        tiny.make_tiny("gpt_neox", root / "model-a", seed=1)
-        tiny.make_tiny("gpt_neox", root / "model-b", seed=2)
-        (root / "heldout.txt").write_text(corpus.heldout_text(20000))
-        env = command_env(root / "hf_home")
-        code, err, _ = run(merge_args(root, root / "reference"), env, None)
-        assert code == 0, err[-3000:]
+        env = base_env(make_pair(root) / "hf_home")
         if args.command == "merge":
             return sweep(args, root, env)
+        code, err, _ = run(merge_args(root, root / "reference", "wm"), env, None)  # the folder every push uploads
+        assert code == 0, err[-3000:]
         with FakeHub(lifetime_s=24 * 3600) as hub:
             env.update(HF_HUB_OFFLINE="0", HF_ENDPOINT=hub.endpoint, HF_TOKEN=TOKEN, TRANSFORMERS_OFFLINE="0")
             sweep(args, root, env)
@@ -82,10 +64,10 @@ def main() -> None:
 
 
 def sweep(args, root: Path, env: dict) -> None:
-    def command(k: int) -> list[str]:
+    def command(k: int) -> list:
         work = root / f"point{k}"
         if args.command == "merge":
-            return merge_args(root, work / "out")
+            return merge_args(root, work / "out", "wm")
         shutil.copytree(root / "reference", work / "merged")
         return ["push", str(work / "merged"), f"someuser/sweep-{k}"]
 
@@ -123,6 +105,7 @@ def outcome_of(code: int, err: str) -> str:
         traceback = any(line.startswith("Traceback") or "KeyboardInterrupt" in line for line in lines)
         return "killed by SIGINT after a traceback (-2)" if traceback else "killed by SIGINT, no traceback (-2)"
     return f"exit code {code}"
+
 
 if __name__ == "__main__":
     main()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
 import shutil
@@ -22,14 +21,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import corpus
 import pytest
 import torch
 from conftest import HF_REBASIN
 from hub_server import TOKEN, FakeHub
+from interrupt_scenarios import base_env, make_pair, merge_args
 from safetensors.torch import load_file
 
-from hf_rebasin import tiny
 from hf_rebasin.export.io import STAGING_TAG
 from hf_rebasin.match.train_loop import CHECKPOINT_FORMAT
 from hf_rebasin.sources import models
@@ -49,13 +47,6 @@ OUTPUT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "barrier.j
 
 
 # --- running and interrupting -----------------------------------------------------------------------
-
-def base_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_HOME=str(home),
-               HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_VERBOSITY="error")
-    return env
-
 
 def run_to_end(args: list, env: dict) -> float:
     """Run hf-rebasin to the end (it must succeed); return its wall time."""
@@ -140,22 +131,12 @@ def assert_complete_output(out: Path, method: str) -> None:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """Two tiny GPT-NeoX models, held-out and training text: the sources every run reads."""
-    root = tmp_path_factory.mktemp("sources")
-    tiny.make_tiny("gpt_neox", root / "model-a", seed=1)
-    tiny.make_tiny("gpt_neox", root / "model-b", seed=2)
-    (root / "heldout.txt").write_text(corpus.heldout_text(20000))
-    (root / "train.txt").write_text(corpus.train_text(20000))
-    return root
+    return make_pair(tmp_path_factory.mktemp("sources"))
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     return base_env(tmp_path_factory.mktemp("hf_home"))
-
-
-def merge_args(pair: Path, out: Path, method: str, *extra) -> list:
-    return ["merge", pair / "model-a", pair / "model-b", "--method", method, "--out", out, "--data",
-            pair / "heldout.txt", "--seq-len", "32", "--max-eval-tokens", "1024", "--lambdas", "5", *extra]
 
 
 @pytest.fixture(scope="module")
