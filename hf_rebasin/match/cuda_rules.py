@@ -80,13 +80,14 @@ class Counts:
 
 
 MODEL_LIBRARIES = ("/transformers/", "/timm/")
+HARNESS_FILES = ("cuda_rules.py", "cuda_loop.py")
 
 
 def _where() -> str:
     """The innermost frame of this project's code (not the harness) that led to the op, and of the model's library
     if the op came from there."""
     stack = traceback.extract_stack()
-    ours = [f for f in stack if "hf_rebasin" in f.filename and "cuda_rules" not in f.filename]
+    ours = [f for f in stack if "hf_rebasin" in f.filename and not f.filename.endswith(HARNESS_FILES)]
     where = f"{ours[-1].filename.rsplit('hf_rebasin', 1)[1]}:{ours[-1].lineno}" if ours else "?"
     model = [f for f in stack if any(lib in f.filename for lib in MODEL_LIBRARIES)]
     return where if not model else f"{where} in {model[-1].filename.rsplit('site-packages/', 1)[-1]}:{model[-1].lineno}"
