@@ -105,3 +105,34 @@ def test_run_backward_gives_the_autograd_engines_gradients(pair, layered):
     assert any(g.abs().max() > 0 for g in expected)
     for p, grad in zip(params, expected):
         torch.testing.assert_close(p.grad, grad)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "auto"])
+def test_bf16_support_is_asked_of_the_chosen_gpu(precision, monkeypatch):
+    """A machine whose cuda:0 (the current device) runs bf16 and whose cuda:1 does not: learning on cuda:1 in bf16
+    is refused (auto: fp32), on cuda:0 it runs in bf16."""
+    from hf_rebasin.errors import OptionError
+    from hf_rebasin.match.learned import autocast_dtype
+    from hf_rebasin.options import MergeOptions
+    current = [0]
+
+    class Selected:  # torch.cuda.device: makes its device the current one while it is entered
+        def __init__(self, device):
+            self.index, self.before = torch.device(device).index, None
+
+        def __enter__(self):
+            self.before, current[0] = current[0], self.index
+
+        def __exit__(self, *exc):
+            current[0] = self.before
+
+    monkeypatch.setattr(torch.cuda, "device", Selected)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: current[0] == 0)
+    options = MergeOptions(learn_precision=precision)
+    assert autocast_dtype(options, torch.device("cuda:0")) == torch.bfloat16
+    if precision == "bf16":
+        with pytest.raises(OptionError, match="does not support bfloat16"):
+            autocast_dtype(options, torch.device("cuda:1"))
+    else:
+        assert autocast_dtype(options, torch.device("cuda:1")) is None
+    assert current == [0]

@@ -169,10 +169,18 @@ def digest_data(data) -> str:
 
 # --- the method ----------------------------------------------------------------------------------
 
+def bf16_supported(device: torch.device) -> bool:
+    """Whether `device` runs bfloat16: asked of that GPU (cuda:N as chosen), not of the current CUDA device."""
+    if device.type != "cuda":
+        return True
+    with torch.cuda.device(device):
+        return torch.cuda.is_bf16_supported()
+
+
 def autocast_dtype(options, device: torch.device) -> torch.dtype | None:
     if options.learn_precision == "fp32":
         return None
-    bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
+    bf16_ok = bf16_supported(device)
     if options.learn_precision == "bf16":
         if not bf16_ok:
             raise OptionError("--learn-precision bf16: this GPU does not support bfloat16; use fp32")
