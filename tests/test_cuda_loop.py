@@ -136,3 +136,21 @@ def test_bf16_support_is_asked_of_the_chosen_gpu(precision, monkeypatch):
     else:
         assert autocast_dtype(options, torch.device("cuda:1")) is None
     assert current == [0]
+
+
+def test_accumulation_and_an_image_classifier_under_cudas_rules(pair, tmp_path):
+    """Gradient accumulation (2 micro-batches a step: 2 backward passes, still no sync outside the read, one fused
+    AdamW launch), and a ViT classifier (its labels are the second host-to-device copy)."""
+    first, second = run_loop(path_loss(pair, "dual", False, "bf16"), pair[2], method="dual", batch=4, grad_accum=2)
+    assert first.n_syncs == 0 and second.syncs == {("read", "_local_scalar_dense"): 3}
+    assert first.host_to_device == 4 and first.bf16["backward"] > 0  # 2 micro-batches
+    template = models.load(tiny.make_tiny("vit", tmp_path / "a", seed=1))
+    b = models.load(tiny.make_tiny("vit", tmp_path / "b", seed=2))
+    graphs = [models.canonicalise(template).materialise(), models.canonicalise(b).materialise()]
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randn(16, *template.model.default_cfg["input_size"], generator=gen)
+    train = EvalData(template.task, images, torch.randint(0, template.spec.n_out, (16,), generator=gen), {})
+    loss = _path_loss(template, graphs, "dual", False, torch.bfloat16, "absorbed")
+    first, second = run_loop(loss, train, method="dual")
+    assert first.n_syncs == 0 and first.fused_adamw == 1 and first.host_to_device == 2
+    assert first.bf16["forward"] > 0 and first.bf16["backward"] > 0
