@@ -83,6 +83,10 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     narrower = [k for k, other in enumerate(loaded[1:], start=1) if embeddable(loaded[0], other)]
     for k, other in enumerate(loaded[1:], start=1):
         check_compatible(loaded[0], other, shapes=k not in narrower)
+    memory_plan = None
+    if METHODS[options.method].learned:  # before any weight is read: a run that cannot fit stops here
+        from .match.memory_plan import plan_run
+        options, memory_plan = plan_run(options, loaded[0], len(loaded), progress)
     graphs = [canonicalise(m) for m in loaded]
     embedding_notes = []
     for k in narrower:  # written exactly into the first (wider) model's configuration
@@ -126,6 +130,8 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
         alignment.settings["train_data"] = {**alignment.settings.get("train_data", {}),
                                             "digest": data_digest(context.train_data)}
         alignment.settings.setdefault("notes", []).extend(data_notes)
+        sampled_peak = (samples.info.get("peak_memory") or {}).get("bytes") if samples is not None else None
+        alignment.settings["memory_plan"] = {**memory_plan, "sampling_peak_bytes": sampled_peak}
     if samples is not None:
         recorded = ("tokens", "windows", "sampling", "per_model", "file", "reused")  # digest: as --data's is computed
         alignment.settings["self_samples"] = {"digest": data_digest(samples), **{k: samples.info[k] for k in recorded},
