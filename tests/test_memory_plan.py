@@ -159,3 +159,10 @@ def test_a_run_records_its_plan_and_trains_with_it(learned_pair, tmp_path, capsy
     assert settings["learned"]["grad_accum"] == plan["accumulation"]
     assert settings["learned"]["gradient_checkpointing"] == plan["gradient_checkpointing"]
     assert "sampling_peak_bytes" in plan and torch.device(plan["device"]).type == "cpu"
+
+
+def test_max_memory_must_be_a_size():
+    from hf_rebasin.errors import OptionError
+    with pytest.raises(OptionError, match="--max-memory: 'lots' is not a size"):
+        MergeOptions(method="dual", max_memory="lots").check()
+    assert MergeOptions(method="dual", max_memory="24GiB").memory_bytes() == 24 * 2**30
