@@ -144,6 +144,10 @@ class MergeOptions:
     fsdp: bool = option(False, "shard the frozen endpoints over the processes of an `accelerate launch` run (torch "
                         "FSDP2 fully_shard: each process stores 1/N of them and gathers a layer just before it runs); "
                         "the symmetry parameters stay whole on every process", group=LEARNED)
+    max_memory: str | None = option(None, "device memory learned matching may plan for (e.g. 24GiB, 40GB; default "
+                                    "the GPU's free memory; on the CPU no plan is made without it): the micro-batch, "
+                                    "accumulation and checkpointing are chosen to fit, --learn-batch-size unchanged",
+                                    group=LEARNED, metavar="SIZE")
 
     # --- derived values ------------------------------------------------------------------------------
     def lambda_points(self) -> int:
@@ -170,6 +174,11 @@ class MergeOptions:
 
     def resolved_device(self) -> str:
         return resolve_device(self.device)
+
+    def memory_bytes(self) -> int | None:
+        """--max-memory in bytes (None: not given)."""
+        from .export.io import parse_size
+        return None if self.max_memory is None else parse_size(self.max_memory)
 
     def export_dtype(self):
         """The torch dtype of the export, or None for the sources' own."""
@@ -297,6 +306,10 @@ class MergeOptions:
             self.shard_bytes()
         except UserError as error:
             problems.append(f"--max-shard-size: {error}")
+        try:
+            self.memory_bytes()
+        except UserError as error:
+            problems.append(f"--max-memory: {error}")
         if problems:
             raise OptionError("; ".join(problems))
 

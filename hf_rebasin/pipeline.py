@@ -83,6 +83,10 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     narrower = [k for k, other in enumerate(loaded[1:], start=1) if embeddable(loaded[0], other)]
     for k, other in enumerate(loaded[1:], start=1):
         check_compatible(loaded[0], other, shapes=k not in narrower)
+    memory_plan = None
+    if METHODS[options.method].learned:  # before any weight is read: a run that cannot fit stops here
+        from .match.memory_plan import plan_run
+        options, memory_plan = plan_run(options, loaded[0], len(loaded), progress)
     graphs = [canonicalise(m) for m in loaded]
     embedding_notes = []
     for k in narrower:  # written exactly into the first (wider) model's configuration
@@ -126,9 +130,12 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
         alignment.settings["train_data"] = {**alignment.settings.get("train_data", {}),
                                             "digest": data_digest(context.train_data)}
         alignment.settings.setdefault("notes", []).extend(data_notes)
+        sampled_peak = (samples.info.get("peak_memory") or {}).get("bytes") if samples is not None else None
+        alignment.settings["memory_plan"] = {**memory_plan, "sampling_peak_bytes": sampled_peak}
     if samples is not None:
         recorded = ("tokens", "windows", "sampling", "per_model", "file", "reused")  # digest: as --data's is computed
-        alignment.settings["self_samples"] = {"digest": data_digest(samples), **{k: samples.info[k] for k in recorded}}
+        alignment.settings["self_samples"] = {"digest": data_digest(samples), **{k: samples.info[k] for k in recorded},
+                                              "peak_memory": samples.info.get("peak_memory")}
 
     alignment.notes += embedding_notes
     export_bytes = sum(p.stat().st_size for p in template.files.files) if out is not None else 0
@@ -279,24 +286,42 @@ def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, 
               "your own",
               file=sys.stderr, flush=True)
     tokenizer = template.backend.tokenizer(template.folder)
+    device = options.resolved_device()
+    dtype = sampling_dtype(options, device)
     sampling = Sampling(models=tuple(weights_digest(m.files.files) for m in loaded),
                         vocabulary_digest=vocabulary_digest(tokenizer), windows=windows, seq_len=seq_len,
                         temperature=options.self_temperature, top_p=options.self_top_p, seed=options.learn_seed,
-                        start_token=start_token(tokenizer), vocab_size=len(tokenizer), **chain_settings())
-    device = options.resolved_device()
+                        start_token=start_token(tokenizer), vocab_size=len(tokenizer), **chain_settings(),
+                        precision="bf16" if dtype == torch.bfloat16 else "fp32")
     flag = "--train-data" if learned and options.train_data else "--match-data"
     first = nullcontext()
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # accelerate launch: the main process samples, the others
         from accelerate import PartialState  # read its file after it
         first = PartialState(cpu=options.device == "cpu").main_process_first()  # as make_accelerator sets it
     with first:
-        data = sampled_data(lambda: [m.backend.load_model(m).to(device) for m in loaded], sampling, tokenizer,
+        data = sampled_data(endpoint_loader(loaded, device, dtype), sampling, tokenizer,
                             options.self_samples_dir, device=device, progress=progress, flag=flag,
                             names=[m.source for m in loaded], memory_mapped=learned)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the models sampled from are gone
     timings["sample_s"] = time.perf_counter() - start
     return data
+
+
+def sampling_dtype(options: MergeOptions, device: str):
+    """The dtype `self` samples in: the learning precision (--learn-precision; auto: bf16 on CUDA, fp32 on CPU)."""
+    import torch
+
+    from .match.learned import autocast_dtype
+    return autocast_dtype(options, torch.device(device)) or torch.float32
+
+
+def endpoint_loader(loaded: list[Loaded], device: str, dtype):
+    """load(k): model k on `device` in `dtype` (loaded on the host, converted there, then moved: one model on the
+    device at a time, as long as the caller drops the one before)."""
+    def load(k: int):
+        return loaded[k].backend.load_model(loaded[k]).to(dtype=dtype).to(device)
+    return load
 
 
 # --- the lattice and the report -------------------------------------------------------------------

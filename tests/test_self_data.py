@@ -4,9 +4,11 @@ share present (each share re-sampled alone), activation matching and learned mat
 check against the evaluation data, image models refused by name, and the options a run would ignore refused."""
 from __future__ import annotations
 
+import gc
 import json
 import re
 import subprocess
+import weakref
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from conftest import HF_REBASIN, short_dual
 
 from hf_rebasin.errors import OptionError
 from hf_rebasin.options import MergeOptions
+from hf_rebasin.pipeline import endpoint_loader, sampling_dtype
 from hf_rebasin.sources import models as sources
 from hf_rebasin.sources.self_samples import (
     CARRIED,
@@ -55,14 +58,21 @@ def sampling(loaded, tokenizer, **changes) -> Sampling:
 
 
 class Loader:
-    """The models to sample from, counting how often they were asked for (a reused file asks for none)."""
+    """The models to sample from, one at a time as the pipeline loads them (endpoint_loader): counts the sampling runs
+    that asked for them (a reused file asks for none), and records the dtype of each model and how many models
+    loaded before it were still alive when it was loaded (the device holds one at a time: 0 every time)."""
 
-    def __init__(self, loaded):
-        self.loaded, self.calls = loaded, 0
+    def __init__(self, loaded, dtype=torch.float32):
+        self.load, self.calls, self.alive, self.held, self.dtypes = endpoint_loader(loaded, "cpu", dtype), 0, [], [], []
 
-    def __call__(self):
-        self.calls += 1
-        return [m.backend.load_model(m) for m in self.loaded]
+    def __call__(self, k):
+        gc.collect()
+        self.held.append(sum(ref() is not None for ref in self.alive))
+        self.calls += k == 0
+        model = self.load(k)
+        self.dtypes.append({p.dtype for p in model.parameters()})
+        self.alive.append(weakref.ref(model))
+        return model
 
 
 class Counter:
@@ -137,6 +147,31 @@ def test_each_model_writes_its_share_interleaved(loaded, tokenizer, tmp_path):
         assert torch.equal(windows[k::2], alone)
     swapped, _ = sample(loaded[::-1], tokenizer, tmp_path / "swapped")  # the other model's share differs
     assert not torch.equal(swapped.inputs[:][1::2][:5], windows[0::2][:5])
+
+
+def test_one_model_at_a_time_in_the_sampling_precision(loaded, tokenizer, tmp_path):
+    """Each model is loaded only once the one before is gone (never two on the device), in the precision asked for;
+    bf16 is a setting of its own (another file), and fp32 files keep the name they had before precision was one."""
+    for dtype, precision in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        loader = Loader(loaded, dtype)
+        settings = sampling(loaded, tokenizer, precision=precision)
+        data = sampled_data(loader, settings, tokenizer, tmp_path, progress=False)
+        assert loader.held == [0, 0] and loader.dtypes == [{dtype}, {dtype}]
+        assert data.inputs[:].shape == (11, SEQ_LEN) and data.info["peak_memory"] is None  # (a CUDA figure)
+    names = sorted(p.name for p in tmp_path.glob("self-*.npy"))
+    assert len(names) == 2 and not list(tmp_path.glob(".self-shares-*"))  # the shares' scratch files are gone
+    assert "precision" not in sampling(loaded, tokenizer).record()
+    assert sampling(loaded, tokenizer, precision="bf16").record()["precision"] == "bf16"
+
+
+def test_self_samples_in_the_learning_precision():
+    """bf16 on CUDA (auto), fp32 on the CPU (auto), as --learn-precision says otherwise."""
+    from unittest import mock
+    assert sampling_dtype(MergeOptions(method="dual"), "cpu") == torch.float32
+    assert sampling_dtype(MergeOptions(method="dual", learn_precision="bf16"), "cpu") == torch.bfloat16
+    with mock.patch("torch.cuda.is_bf16_supported", return_value=True):
+        assert sampling_dtype(MergeOptions(method="dual"), "cuda:0") == torch.bfloat16
+        assert sampling_dtype(MergeOptions(method="dual", learn_precision="fp32"), "cuda:0") == torch.float32
 
 
 def test_a_chain_of_windows_continues_one_text_and_holds_what_the_model_read(loaded, tokenizer):

@@ -16,12 +16,17 @@ and nucleus top-p, from one torch.Generator per model seeded by ``--learn-seed``
 settings give the same tokens.  The sequences are written once as a token file (token_files.py, the format of
 ``hf-rebasin tokenize``) in a cache folder, named by a digest of the models' weight digests, the tokenizer's
 vocabulary and the sampling settings; a rerun with the same settings reuses it, and a file whose record does not
-match its name (edited, or written by another version) is sampled again."""
+match its name (edited, or written by another version) is sampled again.
+
+The models are sampled one after the other, each on the device alone and in the learning precision (bf16 on CUDA;
+`precision` is part of the settings: other logits, other tokens), its share kept in a temporary file beside the
+cache until the last model is done; then the shares are interleaved into the token file."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
+import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -60,13 +65,21 @@ class Sampling:
     carried: int = 0  # tokens of a window that begin the next window of its chain (its context when sampled on)
     batch: int = SAMPLE_BATCH
     format: str = FORMAT
+    precision: str = "fp32"  # the models' dtype while sampling: "fp32" or "bf16"
 
     def __post_init__(self):
         if self.chain > 1 and not 0 < self.carried < self.seq_len:
             raise ValueError(f"a chain of windows carries 1 to seq_len - 1 tokens into the next, not {self.carried}")
 
+    def record(self) -> dict:
+        """The settings as the cache file's record holds them (fp32 ones as before `precision` was recorded)."""
+        fields = asdict(self)
+        if fields["precision"] == "fp32":
+            del fields["precision"]
+        return json.loads(json.dumps(fields))  # as the record reads back (tuples as lists)
+
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(self.record(), sort_keys=True).encode()).hexdigest()[:16]
 
     def shares(self) -> list[int]:
         n = len(self.models)
@@ -149,20 +162,45 @@ def drawn_tokens(n: int, sampling: Sampling) -> int:
                for texts, windows in text_groups(n, sampling))
 
 
-def interleaved(models: list, sampling: Sampling, device, progress: bool, block: int = 1024):
-    """The windows of every model, interleaved (window i from model i mod N), as flat id arrays of up to `block`
-    windows."""
+def sample_shares(load_model: Callable[[int], torch.nn.Module], sampling: Sampling, device, progress: bool,
+                  folder: Path) -> list[np.ndarray]:
+    """Every model's windows (an int32 array (share, seq_len) memory-mapped from `folder` each): model k is loaded by
+    `load_model(k)` (on the device, in the sampling precision), sampled, and freed before the next one is loaded."""
     from ..progress import tqdm
-    shares, n = sampling.shares(), len(models)
+    shares = sampling.shares()
     total = sum(drawn_tokens(share, sampling) for share in shares)
+    out = []
     with tqdm(total=total, desc="sampling", unit="tok", unit_scale=True, disable=not progress) as bar:
-        rows = [itertools.chain.from_iterable(
-            sample_sequences(model, share, sampling,
-                             torch.Generator(device=device).manual_seed(sampling.seed * 1_000_003 + k), device, bar))
-            for k, (model, share) in enumerate(zip(models, shares))]
-        for first in range(0, sampling.windows, block):
-            yield torch.stack([next(rows[i % n]) for i in range(first, min(first + block, sampling.windows))]
-                              ).reshape(-1).numpy()
+        for k, share in enumerate(shares):
+            windows = np.lib.format.open_memmap(folder / f"model-{k}.npy", mode="w+", dtype=np.int32,
+                                                shape=(share, sampling.seq_len))
+            model = load_model(k)
+            generator = torch.Generator(device=device).manual_seed(sampling.seed * 1_000_003 + k)
+            row = 0
+            for rows in sample_sequences(model, share, sampling, generator, device, bar):
+                windows[row:row + len(rows)] = rows.numpy()
+                row += len(rows)
+            del model
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the next model takes its place
+            windows.flush()
+            out.append(windows)
+    return out
+
+
+def interleaved(shares: list[np.ndarray], windows: int, block: int = 1024):
+    """The models' windows interleaved (window i from model i mod N), as flat id arrays of up to `block` windows."""
+    n = len(shares)
+    for first in range(0, windows, block):
+        yield np.stack([shares[i % n][i // n] for i in range(first, min(first + block, windows))]).reshape(-1)
+
+
+def peak_device_memory(device) -> dict | None:
+    """Peak allocated memory on a CUDA device since the last reset, else None."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return {"what": "torch.cuda.max_memory_allocated", "bytes": int(torch.cuda.max_memory_allocated(device))}
 
 
 def stored_tokens(path: Path) -> int | None:
@@ -173,28 +211,36 @@ def stored_tokens(path: Path) -> int | None:
         return None
 
 
-def sampled_data(load_models, sampling: Sampling, tokenizer, folder: str | Path, *, device="cpu",
-                 progress: bool = True, flag: str = "--train-data", names: list[str] | None = None,
+def sampled_data(load_model: Callable[[int], torch.nn.Module], sampling: Sampling, tokenizer, folder: str | Path, *,
+                 device="cpu", progress: bool = True, flag: str = "--train-data", names: list[str] | None = None,
                  memory_mapped: bool = True) -> EvalData:
-    """The windows sampled from the models `load_models()` returns (transformers causal LMs on `device`; called
-    only when there is something to sample), from the cache folder when a file with these settings is there,
-    else sampled and written there first."""
+    """The windows sampled from the models `load_model(k)` returns (transformers causal LMs on `device`, one at a
+    time; called only when there is something to sample), from the cache folder when a file with these settings is
+    there, else sampled and written there first.  info["peak_memory"]: the device's peak while sampling (CUDA)."""
     path = Path(folder).expanduser() / f"self-{sampling.key()}.npy"
-    expected = json.loads(json.dumps(asdict(sampling)))  # as the record reads back (tuples as lists)
+    expected = sampling.record()
     meta = metadata_path(path)
     recorded = json.loads(meta.read_text()).get("sampling") if path.is_file() and meta.is_file() else None
     reused = recorded == expected and stored_tokens(path) == sampling.windows * sampling.seq_len
+    peak = None
     if not reused:
         record = {"source": "self", "sampling": expected, "models": list(names or [])}
-        written = write_ids(interleaved(load_models(), sampling, device, progress), tokenizer, path, record,
-                            tokenizer_name=(names or [""])[0])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if torch.device(device).type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        with tempfile.TemporaryDirectory(prefix=".self-shares-", dir=path.parent) as scratch:
+            shares = sample_shares(load_model, sampling, device, progress, Path(scratch))
+            peak = peak_device_memory(device)
+            written = write_ids(interleaved(shares, sampling.windows), tokenizer, path, record,
+                                tokenizer_name=(names or [""])[0])
+            del shares
         if written["tokens"] != sampling.windows * sampling.seq_len:
             raise RuntimeError(f"sampled {written['tokens']} tokens, expected {sampling.windows * sampling.seq_len}")
     windows, info = open_token_windows(str(path), sampling.seq_len, len(tokenizer), None, flag, tokenizer)
     if len(windows) != sampling.windows:
         raise OptionError(f"{path} holds {len(windows)} windows, not the {sampling.windows} its name stands for: "
                           "delete it (it is sampled again)")
-    info.update(spec="self", file=str(path), reused=reused,
+    info.update(spec="self", file=str(path), reused=reused, peak_memory=peak,
                 sampling={key: value for key, value in expected.items() if key not in ("models", "format")},
                 per_model=sampling.shares())
     for key in ("memory_mapped", "tokenized_from"):
