@@ -18,8 +18,9 @@ from .errors import UserError
 EXTRA_OF = {"timm": "vision", "torchvision": "vision"}
 
 
-class DependencyVersionError(ImportError):
-    """An installed library is older than hf-rebasin needs."""
+class DependencyVersionError(UserError, ImportError):
+    """An installed library is older than hf-rebasin needs (a UserError too: an extra's library is checked while a
+    command runs, and the command line prints it on one line)."""
 
 
 class MissingExtraError(UserError, ImportError):
@@ -76,7 +77,8 @@ def import_optional(module: str):
         raise MissingExtraError(f"{missing} is not installed; image models (timm ViT/DeiT) need the extra "
                                 f"'{extra}': pip install \"hf-rebasin[{extra}]\" (with the torchvision that "
                                 f"matches your torch)") from error
-    check_installed_versions({library: bound} if (bound := lower_bounds(extra=extra).get(library)) else {})
+    bounds = lower_bounds(extra=extra)
+    check_installed_versions({library: bounds[library]} if library in bounds else {})
     return imported
 
 
