@@ -6,6 +6,7 @@ import torch
 
 from .adapters import get_adapter
 from .core.symmetry import describe_group
+from .requirements import import_optional
 from .sources.backends import TimmBackend, backend_of
 from .sources.models import read_config_json
 
@@ -15,7 +16,7 @@ def describe(source: str) -> dict:
     hub_config = read_config_json(str(source))
     backend = backend_of(hub_config)
     if backend.name == "timm":
-        import timm
+        timm = import_optional("timm")
         with torch.device("meta"):
             model = timm.create_model(TimmBackend.timm_name(str(source)), pretrained=False)
         adapter, config = get_adapter(type(model).__name__), model

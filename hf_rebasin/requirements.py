@@ -2,21 +2,34 @@
 
 The bounds live in one place, pyproject.toml; they reach the installed package's metadata, which is what
 is read here.  A library older than its bound is reported at import time, naming the package, the version
-found and the one required (an old transformers would otherwise misread a config before anything fails)."""
+found and the one required (an old transformers would otherwise misread a config before anything fails).
+The libraries of an extra (``vision``: timm, torchvision) are checked, and named if missing, when first used."""
 from __future__ import annotations
 
+import importlib
 from importlib import metadata
 
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from .errors import UserError
 
-class DependencyVersionError(ImportError):
-    """An installed library is older than hf-rebasin needs."""
+# the extra that brings each optional library
+EXTRA_OF = {"timm": "vision", "torchvision": "vision"}
 
 
-def lower_bounds(distribution: str = "hf-rebasin") -> dict[str, Version]:
-    """{package: minimum version} from the `>=` clauses of the package's own requirements (extras left out)."""
+class DependencyVersionError(UserError, ImportError):
+    """An installed library is older than hf-rebasin needs (a UserError too: an extra's library is checked while a
+    command runs, and the command line prints it on one line)."""
+
+
+class MissingExtraError(UserError, ImportError):
+    """A feature needs a library of an extra that is not installed."""
+
+
+def lower_bounds(distribution: str = "hf-rebasin", extra: str | None = None) -> dict[str, Version]:
+    """{package: minimum version} from the `>=` clauses of the package's own requirements: the core ones, or
+    with `extra` the ones that extra adds."""
     try:
         requirements = metadata.requires(distribution) or []
     except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
@@ -24,7 +37,8 @@ def lower_bounds(distribution: str = "hf-rebasin") -> dict[str, Version]:
     bounds = {}
     for text in requirements:
         requirement = Requirement(text)
-        if requirement.marker is not None and "extra" in str(requirement.marker):
+        in_extra = requirement.marker is not None and "extra" in str(requirement.marker)
+        if in_extra != (extra is not None) or (in_extra and not requirement.marker.evaluate({"extra": extra})):
             continue
         for clause in requirement.specifier:
             if clause.operator == ">=":
@@ -47,6 +61,25 @@ def check_installed_versions(bounds: dict[str, Version] | None = None, version_o
     if too_old:
         fix = " ".join(f"'{p.split()[0]}>={bounds[p.split()[0]]}'" for p in too_old)
         raise DependencyVersionError("; ".join(too_old) + f". Upgrade with: pip install -U {fix}")
+
+
+def import_optional(module: str):
+    """`module` (e.g. "timm.data"), from a library of an extra: MissingExtraError naming the install command if
+    it is absent, DependencyVersionError if it is older than the extra's bound."""
+    library = module.partition(".")[0]
+    extra = EXTRA_OF[library]
+    try:
+        imported = importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        missing = (error.name or "").partition(".")[0]
+        if EXTRA_OF.get(missing) != extra:
+            raise
+        raise MissingExtraError(f"{missing} is not installed; image models (timm ViT/DeiT) need the extra "
+                                f"'{extra}': pip install \"hf-rebasin[{extra}]\" (with the torchvision that "
+                                f"matches your torch)") from error
+    bounds = lower_bounds(extra=extra)
+    check_installed_versions({library: bounds[library]} if library in bounds else {})
+    return imported
 
 
 def installed_versions(packages: tuple[str, ...] = ("hf-rebasin", "torch", "transformers", "timm")) -> dict:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from .requirements import import_optional
+
 
 def kinds() -> tuple[str, ...]:
     """Every tiny variant of every registered adapter (each adapter declares its own)."""
@@ -53,7 +55,7 @@ def build_tiny(kind: str, seed: int = 0) -> torch.nn.Module:
     adapter = adapter_of(kind)
     torch.manual_seed(seed)
     if adapter.backend == "timm":
-        import timm
+        timm = import_optional("timm")
         model = timm.create_model(adapter.timm_name, pretrained=False, **adapter.tiny_config(kind))
     else:
         from transformers import AutoModelForCausalLM

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from .export.io import staged_dir
 from .match.train_loop import lr_factor
 from .progress import tqdm
+from .requirements import import_optional
 
 # --- a real corpus every machine has: CPython's standard-library sources (PSF License) --------------------
 
@@ -177,8 +178,7 @@ def train_vit(model_args: dict, images: torch.Tensor, labels: torch.Tensor, *, s
     images: float (N, C, H, W), used as given; labels: integer (N,). `max_shift` > 0 adds random
     translations as augmentation. Deterministic for a seed (init, data order, augmentation).
     """
-    import timm
-
+    timm = import_optional("timm")
     check_positive(steps=steps, batch_size=batch_size, lr=lr)
     if images.dim() != 4 or not images.is_floating_point():
         raise ValueError(f"images must be a float tensor shaped (N, C, H, W), got {images.dtype} "

@@ -37,9 +37,10 @@ def test_package_data_globs_cover_every_asset():
     assert not missed, f"not in the wheel: {missed}"
 
 
-def test_recipes_and_card_template_are_top_level_folders_in_the_wheel():
-    """recipes/ and model_cards/ sit at the top of the repository, beside hf_rebasin (as they do in site-packages
-    once the wheel is installed), and the wheel's packages and package-data globs take every file in them."""
+def test_a_checkout_uses_its_own_recipes_and_card_template():
+    """recipes/ and model_cards/ sit at the top of the repository, beside hf_rebasin; a checkout reads its own, and
+    pyproject.toml maps them into the wheel as hf_rebasin.recipes and hf_rebasin.model_cards, with globs that take
+    every file in them."""
     import fnmatch
     import tomllib
 
@@ -48,14 +49,104 @@ def test_recipes_and_card_template_are_top_level_folders_in_the_wheel():
     assert assets.recipes_dir() == top / "recipes"
     assert assets.card_template() == top / "model_cards" / "template.md"
     setuptools = tomllib.loads((top / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert {"recipes", "model_cards"} <= set(setuptools["packages"]["find"]["include"])
     for folder in ("recipes", "model_cards"):
+        package = f"hf_rebasin.{folder}"
+        assert setuptools["package-dir"][package] == folder and package in setuptools["packages"]
         files = [p.relative_to(top / folder).as_posix() for p in (top / folder).rglob("*")
                  if p.is_file() and p.suffix != ".py" and "__pycache__" not in p.parts]
         assert files, folder
-        globs = setuptools["package-data"][folder]
+        globs = setuptools["package-data"][package]
         missed = [f for f in files if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)]
         assert not missed, f"not in the wheel: {folder}/{missed}"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built as users build it (`pip wheel --no-deps`, isolated) from a copy of what it is made of."""
+    import shutil
+    import subprocess
+    import sys
+
+    import hf_rebasin
+    top = Path(hf_rebasin.__file__).parent.parent
+    root = tmp_path_factory.mktemp("wheel")
+    source = root / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(top / name, source)
+    for folder in ("hf_rebasin", "recipes", "model_cards"):
+        shutil.copytree(top / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(source)],
+                   check=True, capture_output=True, timeout=300)
+    (built,) = (root / "dist").glob("hf_rebasin-*.whl")
+    return built
+
+
+def test_the_wheel_has_one_top_level_package_holding_every_module_and_asset(wheel):
+    import zipfile
+
+    import hf_rebasin
+    top = Path(hf_rebasin.__file__).parent.parent
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {name.split("/")[0] for name in names} == {"hf_rebasin", wheel.name.split("-py")[0] + ".dist-info"}
+    tree = {f"hf_rebasin/{p.relative_to(top / 'hf_rebasin').as_posix()}" for p in (top / "hf_rebasin").rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
+    for folder in ("recipes", "model_cards"):
+        tree |= {f"hf_rebasin/{folder}/{p.name}" for p in (top / folder).iterdir() if p.is_file()}
+    assert tree - names == set(), "files of the tree missing from the wheel"
+
+
+def test_the_wheel_declares_ranges_and_image_support_as_an_extra(wheel):
+    import email
+    import zipfile
+
+    from packaging.requirements import Requirement
+    archive = zipfile.ZipFile(wheel)
+    (metadata_name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+    metadata = email.message_from_bytes(archive.read(metadata_name))
+    assert "<" not in metadata["Requires-Python"] and metadata["Requires-Python"] == ">=3.11"
+    requirements = [Requirement(text) for text in metadata.get_all("Requires-Dist")]
+    assert not [str(r) for r in requirements if any(c.operator in ("==", "===", "~=") for c in r.specifier)]
+    core = {r.name: r for r in requirements if r.marker is None}
+    vision = {r.name for r in requirements if r.marker is not None and r.marker.evaluate({"extra": "vision"})}
+    assert str(core["torch"].specifier) == ">=2.13"  # the oldest torch CI runs the suite under (.ci/run)
+    assert {"timm", "torchvision"} <= vision and not {"timm", "torchvision"} & set(core)
+
+
+def test_the_installed_wheel_finds_its_assets_inside_the_package(wheel, tmp_path):
+    """Unpacked as pip installs it, away from any checkout: the recipes, the card template and the example pair
+    come from hf_rebasin/ in the install."""
+    import os
+    import subprocess
+    import sys
+    import zipfile
+    site = tmp_path / "site-packages"
+    zipfile.ZipFile(wheel).extractall(site)
+    found = subprocess.run(
+        [sys.executable, "-c", "from hf_rebasin import assets\n"
+         "print(assets.recipes_dir(), assets.card_template(), assets.example_pair(), sep='\\n')"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, check=True)
+    recipes, template, pair = map(Path, found.stdout.split())
+    assert recipes == site / "hf_rebasin" / "recipes" and (recipes / "pythia-1b.yaml").is_file()
+    assert template == site / "hf_rebasin" / "model_cards" / "template.md" and template.is_file()
+    assert pair == site / "hf_rebasin" / "assets" / "example-pair"
+
+
+def test_an_image_model_without_timm_names_the_extra(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from hf_rebasin import tiny
+    from hf_rebasin.cli import main
+    from hf_rebasin.sources import models
+    vit = tiny.make_tiny("vit", tmp_path / "vit")
+    for module in [m for m in sys.modules if m == "timm" or m.startswith("timm.")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setitem(sys.modules, "timm", None)  # importing timm now fails as when it is not installed
+    with pytest.raises(requirements.MissingExtraError, match=r'pip install "hf-rebasin\[vision\]"'):
+        models.load(vit)
+    assert main(["inspect", str(vit)]) == 2
+    error = capsys.readouterr().err
+    assert "timm is not installed" in error and 'pip install "hf-rebasin[vision]"' in error
 
 
 def test_the_design_the_code_cites_is_in_the_repository():
@@ -81,10 +172,12 @@ def test_the_design_the_code_cites_is_in_the_repository():
 
 def test_lower_bounds_come_from_the_package_metadata():
     bounds = requirements.lower_bounds()
-    for package in ("transformers", "timm", "accelerate", "huggingface_hub", "lm-eval"):
+    for package in ("torch", "transformers", "accelerate", "huggingface_hub", "lm-eval"):
         assert package in bounds, package
     assert bounds["transformers"] >= Version("5.0")  # the code uses transformers-5 APIs
-    requirements.check_installed_versions(bounds)  # this environment satisfies them
+    vision = requirements.lower_bounds(extra="vision")
+    assert set(vision) == {"timm", "torchvision"} and not set(vision) & set(bounds)
+    requirements.check_installed_versions(bounds | vision)  # this environment satisfies them
 
 
 def test_an_old_dependency_is_named_at_import_time():

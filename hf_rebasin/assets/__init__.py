@@ -1,8 +1,9 @@
-"""Files hf-rebasin reads at run time: the bundled recipes (the top-level ``recipes`` folder), the model-card
-template (the top-level ``model_cards`` folder) and the example pair of ``hf-rebasin demo`` (here, beside this
-file).  All three are found by importlib.resources through a package, never through the source tree: the same
-lookup works in a clone (the repository root is on sys.path, or an editable install maps it) and in an installed
-wheel, which carries the two top-level folders as the packages ``recipes`` and ``model_cards``."""
+"""Files hf-rebasin reads at run time: the bundled recipes (the repository's top-level ``recipes`` folder), the
+model-card template (its top-level ``model_cards`` folder) and the example pair of ``hf-rebasin demo`` (here,
+beside this file, package data).  The wheel ships the two top-level folders inside the package, as
+``hf_rebasin.recipes`` and ``hf_rebasin.model_cards`` (a package-dir mapping in pyproject.toml: no generic
+top-level name in site-packages); a source checkout (a clone on sys.path, or an editable install) has them beside
+``hf_rebasin/``, and uses its own."""
 from __future__ import annotations
 
 from importlib import resources
@@ -24,9 +25,17 @@ def example_pair() -> Path:
     return asset("example-pair")
 
 
+def _shipped(folder: str) -> Path:
+    """A top-level folder of the repository: the checkout's own, else the wheel's hf_rebasin.<folder>."""
+    checkout = Path(__file__).parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / folder / "__init__.py").is_file():
+        return checkout / folder
+    return _files(f"hf_rebasin.{folder}")
+
+
 def recipes_dir() -> Path:
-    return _files("recipes")
+    return _shipped("recipes")
 
 
 def card_template() -> Path:
-    return _files("model_cards", "template.md")
+    return _shipped("model_cards") / "template.md"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ModelLoadError, UserError
+from ..requirements import import_optional
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "added_tokens.json")
@@ -217,9 +218,8 @@ class TimmBackend(Backend):
         return f"local-dir:{source}" if is_local(source) else f"hf-hub:{source}"
 
     def configure(self, folder: Path, hub_config: dict):
-        import timm
-
         from ..adapters import get_adapter
+        timm = import_optional("timm")
         try:
             with empty_weights():
                 model = timm.create_model(self.timm_name(folder), pretrained=False)
@@ -229,13 +229,13 @@ class TimmBackend(Backend):
         return get_adapter(type(model).__name__), model
 
     def build(self, loaded, changes: dict) -> nn.Module:
-        import timm
+        timm = import_optional("timm")
         args = {**loaded.hub_config.get("model_args", {}), **changes}
         with empty_weights():
             return timm.create_model(loaded.hub_config["architecture"], pretrained=False, **args)
 
     def load_model(self, loaded) -> nn.Module:
-        import timm
+        timm = import_optional("timm")
         try:
             return timm.create_model(self.timm_name(loaded.folder), pretrained=True).float().eval()
         except Exception as error:
@@ -256,8 +256,7 @@ class TimmBackend(Backend):
                       if a.hub_config.get(k) != b.hub_config.get(k)]
 
     def preprocessing(self, model) -> dict:
-        import timm.data
-        return timm.data.resolve_data_config({}, model=model)
+        return import_optional("timm.data").resolve_data_config({}, model=model)
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (TransformersBackend(), TimmBackend())}

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
+from ..requirements import import_optional
 from .data_specs import is_saved_dataset, load_datasets_spec, load_saved_dataset, looks_like_path
 
 IMAGE_COLUMNS = ("image", "img")
@@ -77,7 +78,7 @@ def _stack_pil_images(images, labels: list[int], spec: str, input_size, mean, st
 
 def _read_image_folder(spec: str, folder: Path, input_size, mean, std, max_examples):
     from PIL import Image, UnidentifiedImageError
-    from torchvision.datasets import ImageFolder
+    ImageFolder = import_optional("torchvision.datasets").ImageFolder
 
     class _VisibleImageFolder(ImageFolder):
         @staticmethod
