@@ -5,10 +5,11 @@
 
 Two random-init checkpoints with the published Pythia config (merge_size.py), canonicalised by the library; then
 one step of lm and dual (the whole-model loss and the layer-by-layer one with checkpointing, bf16 autocast and
-fp32) on simulated CUDA: forward and fused AdamW on fake CUDA tensors under CUDA's autocast, backward on the meta
-twin.  Printed per row: aten ops and launches (ops that are not views), host syncs in this project's code and in
-the model's own forward (transformers), host-to-device copies and float64 ops; and the same counts for a plain
-training step of one model (forward, backward, fused AdamW over all its weights), the yardstick of the ratio.
+fp32; dual whole also with --soft-targets 1, the default on `self` text) on simulated CUDA: forward and fused
+AdamW on fake CUDA tensors under CUDA's autocast, backward on the meta twin.  Printed per row: aten ops and
+launches (ops that are not views), host syncs in this project's code and in the model's own forward
+(transformers), host-to-device copies and float64 ops; and the same counts for a plain training step of one model
+(forward, backward, fused AdamW over all its weights), the yardstick of the ratio.
 Counts do not depend on the batch size (the same ops on larger tensors).
 """
 from __future__ import annotations
@@ -44,14 +45,14 @@ def main() -> int:
         for precision in ("bf16", "fp32"):
             plain = check_plain_step(template, precision=precision, batch=args.batch, seq=args.seq).total
             rows.append({"step": "plain f+b+AdamW", "precision": precision, **plain.summary()})
-            for method in ("lm", "dual"):
-                for layered in (False, True):
-                    report = check_step(template, graphs, method=method, layered=layered, precision=precision,
-                                        batch=args.batch, seq=args.seq)
-                    total = report.total
-                    rows.append({"step": f"{method} {'layered' if layered else 'whole'}", "precision": precision,
-                                 **total.summary(), "ops_ratio": total.ops / plain.ops,
-                                 "launch_ratio": total.launches / plain.launches})
+            for method, layered, soft in (("lm", False, 0.0), ("lm", True, 0.0), ("dual", False, 0.0),
+                                          ("dual", True, 0.0), ("dual", False, 1.0)):
+                report = check_step(template, graphs, method=method, layered=layered, precision=precision,
+                                    batch=args.batch, seq=args.seq, soft_targets=soft)
+                total = report.total
+                name = f"{method} {'layered' if layered else 'whole'}{' + soft targets' if soft else ''}"
+                rows.append({"step": name, "precision": precision, **total.summary(),
+                             "ops_ratio": total.ops / plain.ops, "launch_ratio": total.launches / plain.launches})
     print(f"Pythia-{args.config} shape, {args.batch} x {args.seq} tokens\n")
     print("| step | precision | aten ops | launches | × plain ops | × plain launches | host syncs (ours / model) "
           "| host→device | float64 ops |")

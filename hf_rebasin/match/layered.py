@@ -25,10 +25,11 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor, nn
 
-from ..core.canonical import Graph, mix
+from ..core.canonical import Graph
 from ..sources.layerwise import OnDemandLayer, norm_modules, swap_layers
+from .action import Action, combine, layer_share, outside_share
 from .params import SymmetryParams
-from .path import PathOfEnds, scale_writes, stored, strip_parameters
+from .path import PathOfEnds, stored, strip_parameters
 
 
 class FrozenTensors(nn.Module):
@@ -60,10 +61,10 @@ class LayerPoint(OnDemandLayer):
 
     def state(self) -> dict[str, Tensor]:
         owner = self.owner
-        parts = [frozen.tensors() for frozen in self.ends]
-        parts = [owner.ends[k].apply_layer(p, self.i, owner.elements[k]) if k in owner.elements else p
-                 for k, p in zip(owner.keys, parts)]
-        point = scale_writes(mix(parts, owner.current_weights), owner.write_factor)
+        actions = owner.actions()
+        shares = [layer_share(frozen.tensors(), self.i, owner.spec, actions[k]) if k in actions
+                  else ({}, frozen.tensors()) for k, frozen in zip(owner.keys, self.ends)]
+        point = combine(shares, owner.current_weights, owner.write_factor)
         return owner.adapter.layer_from_canonical(point, owner.config, owner.spec, self.i)
 
 
@@ -106,6 +107,7 @@ class LayeredPathLoss(PathOfEnds):
         self.__dict__["norms"] = norm_modules(adapter, model, list(self.layers)) if first.spec.scale_exact else []
         self.elements, self.current_weights, self.sharded = {}, [], mesh is not None
         self.write_factor = None
+        self._actions = None, {}  # (the elements they are of, the actions)
         if mesh is not None:
             from torch.distributed.fsdp import fully_shard
             model.to(mesh.device_type)
@@ -151,9 +153,9 @@ class LayeredPathLoss(PathOfEnds):
         first_embedding = parts[0].get(key)
         if rows is not None:
             parts = [{**p, key: p[key][rows]} for p in parts]
-        parts = [SymmetryParams.apply_outside(p, self.elements[k]) if k in self.elements else p
-                 for k, p in zip(self.keys, parts)]
-        point = scale_writes(mix(parts, self.current_weights), self.write_factor)
+        actions = self.actions()
+        shares = [outside_share(p, actions[k]) if k in actions else ({}, p) for k, p in zip(self.keys, parts)]
+        point = combine(shares, self.current_weights, self.write_factor)
         if rows is not None:
             point[key] = first_embedding.index_put((rows,), point[key].to(first_embedding.dtype))
         return self.adapter.outside_from_canonical(point, self.config, self.spec)
@@ -161,13 +163,32 @@ class LayeredPathLoss(PathOfEnds):
     def logits(self, inputs: Tensor, lam, rows: Tensor | None) -> Tensor:
         """The predictions at λ on the batch; the backward's recomputation reads the point's weights and elements
         set here, so the differentiated call is the last one of a step (PathOfEnds.forward)."""
-        device_type = inputs.device.type
         self.current_weights = self.weights(lam)
-        self.elements = self.current_elements(device_type)
+        self.elements = self.current_elements(inputs.device.type)
         eps, self.write_factor = self.eps_and_write_factor(self.elements, self.norm_eps, self.current_weights)
+        self.actions()  # made here, outside every checkpointed layer: the layers and their recomputation share them
+        return self._run(inputs, eps, rows if self.sparse else None)
+
+    def actions(self) -> dict[str, Action]:
+        """The action of each end's current element at the current weights (action.Action), made once per element."""
+        if self._actions[0] is not self.elements:
+            weights = dict(zip(self.keys, self.current_weights))
+            self._actions = self.elements, {
+                k: Action.of(t, weights[k], self.write_factor, self.spec, self.autocast_dtype)
+                for k, t in self.elements.items() if weights[k] != 0.0}
+        return self._actions[1]
+
+    def endpoint_logits(self, inputs: Tensor, k: int, rows: Tensor | None) -> Tensor:
+        """Endpoint k's predictions: its frozen tensors run as they are (PathOfEnds.endpoint_logits), no group
+        element.  (Called without gradient before the step's own `logits`, which sets what the backward reads.)"""
+        self.current_weights, self.elements, self.write_factor = list(self.vertices[k]), {}, None
+        return self._run(inputs, self.norm_eps[k], None)
+
+    def _run(self, inputs: Tensor, eps: float, rows: Tensor | None) -> Tensor:
+        device_type = inputs.device.type
         autocast = torch.autocast(device_type, dtype=self.autocast_dtype) if self.autocast_dtype else nullcontext()
         with autocast:
-            state = self._outside_state(rows if self.sparse else None)
+            state = self._outside_state(rows)
             for module, attr in self.norms:
                 setattr(module, attr, eps)
             return self.run_model(state, inputs)

@@ -40,17 +40,18 @@ from __future__ import annotations
 import datetime
 import hashlib
 import itertools
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import Tensor, nn
 
-from ..core.canonical import Graph, interpolate
+from ..core.canonical import Graph
 from ..core.symmetry import apply, compose
 from ..errors import OptionError, UserError
+from .action import Action, combine, graph_share
 from .alignment import DEFAULT_HOLDOUT
 from .params import SymmetryParams
-from .path import PathOfEnds, scale_writes, stored, strip_parameters
+from .path import PathOfEnds, stored, strip_parameters
 
 LEARNED_SETTINGS = ("method", "start", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
                     "lambda_dist", "soft_targets", "learn_seed", "eval_every", "eval_subset", "holdout",
@@ -105,14 +106,15 @@ class PathLoss(PathOfEnds):
         if rows is not None:
             graphs = {k: g.replace({**g.params, key: g.params[key][rows]}) for k, g in graphs.items()}
         elements = self.current_elements(device_type)
-        moved = [self.ends[k].apply(g, elements[k]) if k in elements else g for k, g in graphs.items()]
         weights = self.weights(lam)
         eps, factor = self.eps_and_write_factor(elements, [g.norm_eps for g in graphs.values()], weights)
-        point = interpolate(moved, weights)
-        params = scale_writes(point.params, factor)
+        actions = {k: Action.of(t, weights[int(k)], factor, self.spec, self.autocast_dtype)
+                   for k, t in elements.items() if weights[int(k)] != 0.0}
+        shares = [graph_share(g, actions[k]) if k in actions else ({}, g.params) for k, g in graphs.items()]
+        params = combine(shares, weights, factor)
         if rows is not None:  # unused rows: the first model's own (any value would do)
             params[key] = first.params[key].index_put((rows,), params[key].to(first.params[key].dtype))
-        return point.replace(params, norm_eps=eps)
+        return first.replace(params, norm_eps=eps)
 
     def logits(self, inputs: Tensor, lam, rows: Tensor | None) -> Tensor:
         """The predictions at λ (or interpolation weights) on the batch (PathOfEnds.run_model)."""
@@ -124,6 +126,15 @@ class PathLoss(PathOfEnds):
             state_dict, _ = self.template.adapter.from_canonical(point, self.template.config)
             for module, attr in self.norms:  # the norm eps of the point (eps_and_write_factor)
                 setattr(module, attr, point.norm_eps)
+            return self.run_model(state_dict, inputs)
+
+    def endpoint_logits(self, inputs: Tensor, k: int, rows: Tensor | None) -> Tensor:
+        """Endpoint k's predictions: its frozen graph run as it is (PathOfEnds.endpoint_logits)."""
+        graph = self.graphs[str(k)]
+        with torch.autocast(inputs.device.type, dtype=self.autocast_dtype) if self.autocast_dtype else nullcontext():
+            state_dict, _ = self.template.adapter.from_canonical(graph, self.template.config)
+            for module, attr in self.norms:
+                setattr(module, attr, graph.norm_eps)
             return self.run_model(state_dict, inputs)
 
 
@@ -188,6 +199,18 @@ def autocast_dtype(options, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if device.type == "cuda" and bf16_ok else None
 
 
+@contextmanager
+def tf32_matmuls(enabled: bool):
+    """fp32 matrix products in TF32 inside the block when `enabled` (torch's "high" precision), restored after."""
+    before = torch.get_float32_matmul_precision()
+    if enabled:
+        torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def starting_frames(graphs: list[Graph], start: list, options) -> tuple[list[Graph], list]:
     """(the graphs the learned elements act on, where each learned element starts; None: the identity).
     Absorbed: the weight-matching transforms are applied first.  Plain (two models): lm freezes A as
@@ -231,14 +254,16 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
     device = training_device(options.device, accelerator.num_processes, accelerator.device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    path_loss = path_loss_for(frames, ends, template, train.task, autocast_dtype(options, device), options,
-                              accelerator, device)
+    dtype = autocast_dtype(options, device)
+    tf32 = device.type == "cuda" and dtype is None  # fp32 learning on a GPU: its matrix products in TF32
+    path_loss = path_loss_for(frames, ends, template, train.task, dtype, options, accelerator, device)
     check_same_start(accelerator, {"models": fingerprint["models"],
                                    "matching": [exact_digest(t.to_tensors()) for t in start.transforms],
                                    "parameters": exact_digest(path_loss.learned_state())})
-    log = train_transforms(path_loss, accelerator, train, eval_data, options, fingerprint=fingerprint,
-                           resume_state=resume_state, progress=progress, on_step=on_step, holdout=holdout,
-                           device=device)
+    with tf32_matmuls(tf32):
+        log = train_transforms(path_loss, accelerator, train, eval_data, options, fingerprint=fingerprint,
+                               resume_state=resume_state, progress=progress, on_step=on_step, holdout=holdout,
+                               device=device)
 
     transforms = []
     for k, graph in enumerate(graphs):
@@ -249,7 +274,8 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
             transforms.append(start.transforms[k] if end is None else end)
     settings = {"learned": {**{name: getattr(options, name) for name in LEARNED_SETTINGS},
                             "lambda_dist": options.learned_lambda_dist(n, train.task),
-                            "soft_targets": options.soft_target_share(train.task), "warmup": options.warmup_steps()},
+                            "soft_targets": options.soft_target_share(train.task), "warmup": options.warmup_steps(),
+                            "tf32": tf32},
                 "wm": start.settings, "num_processes": accelerator.num_processes, "device": str(device),
                 "learned_parameters": sum(p.numel() for p in path_loss.parameters() if p.requires_grad),
                 "model_parameters": path_loss.model_parameters, "endpoint_storage": endpoint_storage(path_loss),

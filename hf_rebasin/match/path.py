@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.canonical import Graph, residual_role
+from ..core.canonical import Graph
 from ..core.symmetry import Transform
 from .params import SymmetryParams
 
@@ -111,7 +111,9 @@ class PathOfEnds(nn.Module):
         return self.task_loss(self.logits(inputs, lam, rows), inputs, labels, target)
 
     def endpoint_logits(self, inputs: Tensor, k: int, rows: Tensor | None) -> Tensor:
-        """Endpoint k's predictions on the batch: the path's vertex k."""
+        """Endpoint k's predictions on the batch: the path's vertex k, which is endpoint k's frozen tensors as they
+        are (the group acts exactly, so its element at k is the same function): subclasses run those without
+        computing or applying any group element."""
         return self.logits(inputs, self.vertices[k], rows)
 
     def run_model(self, state: dict[str, Tensor], inputs: Tensor) -> Tensor:
@@ -140,10 +142,3 @@ def stored(graph: Graph, dtype: torch.dtype | None) -> Graph:
         return graph
     return graph.replace({k: v.to(dtype) if v.is_floating_point() else v for k, v in graph.params.items()})
 
-
-def scale_writes(params: dict[str, Tensor], factor: Tensor | None) -> dict[str, Tensor]:
-    """The point's tensors with every residual write times `factor` (PathOfEnds.eps_and_write_factor; None: as
-    they are)."""
-    if factor is None:
-        return params
-    return {k: v * factor if residual_role(k) == "write" else v for k, v in params.items()}
