@@ -1,8 +1,7 @@
 """How the ``hf-rebasin`` command runs, whatever its sub-commands: one-line argparse errors, exit codes (a
 UserError is one line on stderr and exit code 2, Ctrl-C is exit code 130, SIGTERM 143 and SIGHUP 129: see
-hf_rebasin/signals.py), warnings as one line.  The
-sub-commands are passed in (`registers`), so that the recipe runner (recipe_command.py) can run its steps with
-the same machinery without importing the package that lists it."""
+hf_rebasin/signals.py), warnings as one line.  The sub-commands are passed in (`registers`), so that the recipe
+runner (recipe_command.py) can run its steps with the same machinery without importing the package that lists it."""
 from __future__ import annotations
 
 import argparse
@@ -66,10 +65,9 @@ _default_show_warning = warnings.showwarning
 
 
 class _CtrlC:
-    """SIGINT in the hf-rebasin process (and SIGTERM, SIGHUP: the same, raised as signals.Stopped): KeyboardInterrupt,
-    as with Python's own handler, but remembered, because
-    a library may turn it into another exception (a tensor conversion reports a ValueError): that is still a
-    Ctrl-C, not a crash.
+    """SIGINT in the hf-rebasin process (and SIGTERM, SIGHUP: the same, raised as signals.Stopped):
+    KeyboardInterrupt, as with Python's own handler, but remembered, because a library may turn it into another
+    exception (a tensor conversion reports a ValueError): that is still a Ctrl-C, not a crash.
 
     Python runs a signal handler wherever the main thread is, and that may be inside a finalizer (a `__del__`
     that the garbage collector calls, a weakref callback: regex's `Group.__del__` during the imports of
