@@ -1,11 +1,13 @@
 """Issue 48: progress in logs (a line per stage every HF_REBASIN_PROGRESS_EVERY seconds off a terminal), timed
-checkpoints of learned runs, and a long learned run under nohup-like conditions (output to a file, SIGHUP
-ignored): progress before it ends, and SIGTERM stops it with a checkpoint and exit code 143."""
+checkpoints of learned runs, a signal held back during an import said at once, and a long learned run under
+nohup-like conditions (output to a file, SIGHUP ignored): progress before it ends, and SIGTERM stops it with a
+checkpoint and exit code 143.  The fault injection of SIGTERM and SIGHUP is in test_reliability.py."""
 from __future__ import annotations
 
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -87,6 +89,53 @@ def test_timed_checkpoints_keep_the_newest(tmp_path, monkeypatch):
     timed.saved(second, replace=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.pt", "every-k.pt"]
     assert not TimedCheckpoints(minutes=0).due()
+
+
+# --- a signal held back during an import ----------------------------------------------------------------
+
+CTRL_C_DURING_AN_IMPORT = """
+import os, pathlib, signal, sys, time
+from hf_rebasin.cli import commands, main
+folder = pathlib.Path(sys.argv[1])
+(folder / "slow_extension.py").write_text(  # Ctrl-C early in a module's body, the module goes on for 1.5 s
+    "import os, pathlib, signal, time\\n"
+    f"os.kill(os.getpid(), signal.{sys.argv[2]})\\n"
+    "time.sleep(1.5)\\n"
+    "pathlib.Path(__file__).with_name('imported').write_text('whole')\\n")
+sys.path.insert(0, str(folder))
+
+def run_inspect(args):
+    import slow_extension  # noqa: F401
+    time.sleep(5)  # the Ctrl-C arrives here, a moment after the import
+    (folder / "ran_on").write_text("the command went on after the import")
+
+commands.run_inspect = run_inspect
+sys.argv = ["hf-rebasin", "inspect", "some/model"]
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_never_cuts_an_import_short(tmp_path, signum):
+    """A Ctrl-C (or SIGTERM) inside an import is raised once the import has returned: a C extension's
+    initialization may call Python code that no exception may leave (torch's `import torch.distributed`: SIGABRT
+    and a core dump instead of exit code 130).  A line says so at once (issue 48: importing torch and transformers
+    held a Ctrl-C 4-7 s without a word); the module is imported whole, the command stops a moment after it."""
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_DURING_AN_IMPORT, str(tmp_path), signum.name],
+                            env=base_env(tmp_path / "hf_home"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    first = proc.stderr.readline()
+    still_importing = not (tmp_path / "imported").exists()
+    rest = proc.communicate(timeout=RUN_TIMEOUT_S)[1]
+    assert proc.returncode == 128 + signum, first + rest
+    what = "interrupted" if signum == signal.SIGINT else "SIGTERM received"
+    assert first == f"hf-rebasin: {what}; stopping as soon as the import in progress has finished\n", first + rest
+    assert still_importing, "the line came only when the import had finished"
+    by = "" if signum == signal.SIGINT else " by SIGTERM"
+    assert rest.strip() == f"hf-rebasin inspect: interrupted{by}; nothing was left half-written", rest
+    assert (tmp_path / "imported").read_text() == "whole"
+    assert not (tmp_path / "ran_on").exists() and time.monotonic() - start < 6
 
 
 # --- a long learned run under nohup -------------------------------------------------------------------
