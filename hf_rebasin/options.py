@@ -129,7 +129,9 @@ class MergeOptions:
                                  "midpoint loss on them is measured and the best parameters are returned (0: the last "
                                  f"step's; default min({DEFAULT_HOLDOUT}, an eighth of the training examples))",
                                  group=LEARNED, low=0)
-    checkpoint_every: int = option(0, "save a checkpoint every K steps (0: only on Ctrl-C)", group=LEARNED, low=0)
+    checkpoint_every: int = option(0, "also save a checkpoint every K steps, all kept (0: none)", group=LEARNED, low=0)
+    checkpoint_minutes: float = option(10.0, "save a checkpoint every M minutes of training, the newest one kept (0: "
+                                       "none); Ctrl-C, SIGTERM and SIGHUP save one too", group=LEARNED, low=0)
     checkpoint_dir: str = option("runs/learned", "checkpoint folder", group=LEARNED)
     resume: str | None = option(None, "resume from a checkpoint file (or the newest one in a folder)", group=LEARNED)
     learn_seed: int = option(0, f"seed of the data order, λ draws and {SELF_DATA} samples", group=LEARNED, low=0)

@@ -267,6 +267,9 @@ def test_progress_off_a_terminal_is_one_line_per_stage(pair, text_file, tmp_path
     stages = [line.split(":")[0] for line in err.splitlines()]
     assert stages.count("weight matching") == 1 and stages.count("barrier") == 1, err
     assert re.search(r"^barrier: 3/3 in \d+\.\d s$", err, re.MULTILINE), err
+    # weight matching ends when it converges: said as such, not as a count of layer-rounds short of its limit
+    assert re.search(r"^weight matching: converged after \d+ rounds? \(at most 10\) in \d+\.\d s \(distance=",
+                     err, re.MULTILINE), err
 
 
 def test_lm_eval_git_lookup_is_quiet_outside_a_repository(tmp_path, monkeypatch, capfd):

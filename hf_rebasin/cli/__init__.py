@@ -1,6 +1,7 @@
 """The ``hf-rebasin`` command line: parse (the merge/barrier/eval/push flags are generated from the typed
 options in options.py), call the Python API, print.  The only place with argparse, exit codes and
-SystemExit: a UserError is one line on stderr and exit code 2, Ctrl-C is exit code 130."""
+SystemExit: a UserError is one line on stderr and exit code 2, Ctrl-C is exit code 130 (SIGTERM 143, SIGHUP
+129)."""
 from __future__ import annotations
 
 import argparse

@@ -1,7 +1,7 @@
 """How the ``hf-rebasin`` command runs, whatever its sub-commands: one-line argparse errors, exit codes (a
-UserError is one line on stderr and exit code 2, Ctrl-C is exit code 130), warnings as one line.  The
-sub-commands are passed in (`registers`), so that the recipe runner (recipe_command.py) can run its steps with
-the same machinery without importing the package that lists it."""
+UserError is one line on stderr and exit code 2, Ctrl-C is exit code 130, SIGTERM 143 and SIGHUP 129: see
+hf_rebasin/signals.py), warnings as one line.  The sub-commands are passed in (`registers`), so that the recipe
+runner (recipe_command.py) can run its steps with the same machinery without importing the package that lists it."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +14,7 @@ import time
 import warnings
 
 from ..errors import RebasinWarning, UserError
+from ..signals import STOP_SIGNALS, exit_code, handle, interruption, say, signal_of
 from ..version import __version__
 
 DESCRIPTION = ("Merge independently trained transformers (GPT-NeoX/Pythia, LLaMA, OLMo-1, GPT-2, timm ViT) by "
@@ -64,9 +65,9 @@ _default_show_warning = warnings.showwarning
 
 
 class _CtrlC:
-    """SIGINT in the hf-rebasin process: KeyboardInterrupt, as with Python's own handler, but remembered, because
-    a library may turn it into another exception (a tensor conversion reports a ValueError): that is still a
-    Ctrl-C, not a crash.
+    """SIGINT in the hf-rebasin process (and SIGTERM, SIGHUP: the same, raised as signals.Stopped):
+    KeyboardInterrupt, as with Python's own handler, but remembered, because a library may turn it into another
+    exception (a tensor conversion reports a ValueError): that is still a Ctrl-C, not a crash.
 
     Python runs a signal handler wherever the main thread is, and that may be inside a finalizer (a `__del__`
     that the garbage collector calls, a weakref callback: regex's `Group.__del__` during the imports of
@@ -78,19 +79,24 @@ class _CtrlC:
     Nor is an import ever cut short: a C extension's initialization may call Python code where an exception
     cannot pass (torch's `_c10d_init` during `import torch.distributed`: C++ `terminate`, SIGABRT, a core dump
     and exit code -6 instead of 130).  A SIGINT that arrives inside an import the command started is sent again
-    until that import has returned, and raised in the code that imported."""
-    pressed = False
+    until that import has returned, and raised in the code that imported; the first time, a line says so at once
+    (importing torch and transformers takes seconds)."""
+    pressed, signum, acknowledged = False, signal.SIGINT, False
 
     @classmethod
     def handler(cls, signum, frame):
-        cls.pressed = True
+        cls.pressed, cls.signum = True, signum
         if _inside(frame, cls.unraisable.__func__.__code__):  # raised here, it would be dropped as well
             cls.resend()
             return
         if _inside(frame, _IMPORTING, below=main.__code__):  # an import the command started, not one running main
+            if not cls.acknowledged:
+                cls.acknowledged = True
+                what = "interrupted" if signum == signal.SIGINT else f"{signal.Signals(signum).name} received"
+                say(f"hf-rebasin: {what}; stopping as soon as the import in progress has finished")
             cls.resend(delay_s=0.02)
             return
-        raise KeyboardInterrupt
+        raise interruption(signum)
 
     @classmethod
     def unraisable(cls, report) -> None:
@@ -99,19 +105,19 @@ class _CtrlC:
             return
         _default_unraisable(report)
 
-    @staticmethod
-    def resend(delay_s: float = 0.005) -> None:
-        main_thread = threading.main_thread().ident
+    @classmethod
+    def resend(cls, delay_s: float = 0.005) -> None:
+        main_thread, signum = threading.main_thread().ident, cls.signum
 
         def send():
             time.sleep(delay_s)
-            signal.pthread_kill(main_thread, signal.SIGINT)
+            signal.pthread_kill(main_thread, signum)
         threading.Thread(target=send, daemon=True).start()
 
     @classmethod
     def install(cls) -> None:
-        cls.pressed = False
-        signal.signal(signal.SIGINT, cls.handler)
+        cls.pressed, cls.signum, cls.acknowledged = False, signal.SIGINT, False
+        handle(cls.handler)
         sys.unraisablehook = cls.unraisable
 
 
@@ -130,11 +136,25 @@ def _inside(frame, code, below=None) -> bool:
 _default_unraisable = sys.unraisablehook
 
 
-def _interrupted(whole_process: bool, what: str) -> int:
+def _interrupted(whole_process: bool, what: str, signum: int) -> int:
+    """The one line of a command stopped by `signum` (SIGINT: "interrupted", else "interrupted by SIGTERM"...) and
+    its exit code, 128 + signum."""
     if whole_process:  # the command only exits now: a second Ctrl-C (often pressed at once) has nothing left to
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # stop, and would only print a traceback from the shutdown
-    print(f"{what}: interrupted; nothing was left half-written", file=sys.stderr)
-    return EXIT_INTERRUPTED
+        for stop in STOP_SIGNALS:  # stop, and would only print a traceback from the shutdown
+            if signal.getsignal(stop) == _CtrlC.handler:
+                signal.signal(stop, signal.SIG_IGN)
+    how = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+    print(f"{what}: interrupted{how}; nothing was left half-written", file=sys.stderr)
+    return exit_code(signum)
+
+
+def _work_done(whole_process: bool) -> None:
+    """The command has returned: a SIGTERM or SIGHUP from now on ends the process as by default (there is nothing
+    left to clean up), rather than raising in Python's shutdown."""
+    if whole_process:
+        for stop in STOP_SIGNALS:
+            if stop != signal.SIGINT and signal.getsignal(stop) == _CtrlC.handler:
+                signal.signal(stop, signal.SIG_DFL)
 
 
 def main(registers, argv: list[str] | None = None) -> int:
@@ -147,12 +167,15 @@ def main(registers, argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parse(registers, argv)
-    except KeyboardInterrupt:
-        return _interrupted(whole_process, "hf-rebasin")
+    except KeyboardInterrupt as stop:
+        return _interrupted(whole_process, "hf-rebasin", signal_of(stop))
     except Exception:
         if not _CtrlC.pressed:
             raise
-        return _interrupted(whole_process, "hf-rebasin")
+        return _interrupted(whole_process, "hf-rebasin", _CtrlC.signum)
+    except SystemExit:  # --help, --version, a refused argument
+        _work_done(whole_process)
+        raise
     args.argv = argv
     warnings.showwarning = _show_warning
     try:
@@ -162,8 +185,8 @@ def main(registers, argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"hf-rebasin {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        return _interrupted(whole_process, f"hf-rebasin {args.command}")
+    except KeyboardInterrupt as stop:
+        return _interrupted(whole_process, f"hf-rebasin {args.command}", signal_of(stop))
     except BrokenPipeError:  # `hf-rebasin inspect ... | head`: the reader has gone, which is no error
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -171,6 +194,7 @@ def main(registers, argv: list[str] | None = None) -> int:
     except Exception:
         if not _CtrlC.pressed:
             raise
-        return _interrupted(whole_process, f"hf-rebasin {args.command}")
+        return _interrupted(whole_process, f"hf-rebasin {args.command}", _CtrlC.signum)
     finally:
         warnings.showwarning = _default_show_warning
+        _work_done(whole_process)

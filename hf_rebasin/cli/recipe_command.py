@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import subprocess
 import sys
 import traceback
@@ -16,8 +17,9 @@ from ..errors import UserError
 from ..hub import recipes
 from ..hub.recipe_checks import STEPS
 from ..hub.recipes import RECIPE_COPY, Recipe, shown
+from ..signals import exit_code, is_interrupted, signal_of
 from . import app, commands
-from .app import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from .app import EXIT_BAD_INPUT
 
 
 def shell(argv: list[str], launcher: list[str] = ()) -> str:
@@ -102,19 +104,23 @@ def run_step(number: int, total: int, step: str, argv: list[str], launcher: list
 
 
 def run_launched(launcher: list[str], argv: list[str]) -> int:
-    """The merge under `accelerate launch` (its module, from this interpreter); Ctrl-C reaches the processes too."""
+    """The merge under `accelerate launch` (its module, from this interpreter); Ctrl-C reaches the processes too
+    (the terminal sends it to all of them), a SIGTERM or SIGHUP sent to this process alone is passed on."""
     assert launcher[:2] == ["accelerate", "launch"]
     process = subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", *launcher[2:], *argv])
     try:
         code = process.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        signum = signal_of(stop)
+        if signum != signal.SIGINT:
+            process.send_signal(signum)
         process.wait()
-        return EXIT_INTERRUPTED
-    return EXIT_INTERRUPTED if code in (EXIT_INTERRUPTED, -2, 130) else code
+        return exit_code(signum)
+    return abs(code) + 128 if code < 0 and is_interrupted(code) else code
 
 
 def failure_message(step: str, argv: list[str], recipe: Recipe, args, steps: dict, code: int) -> str:
-    what = "was interrupted" if code == EXIT_INTERRUPTED else "failed (see the error above)"
+    what = "was interrupted" if is_interrupted(code) else "failed (see the error above)"
     if step == "tokenize":
         return (f"hf-rebasin run: step tokenize {what}; nothing was written to {shown(recipe.token_file)}. "
                 f"Fix the problem and rerun: {resume_command(args)}")
@@ -184,7 +190,7 @@ def run_command(args) -> int:
         code = run_step(number, len(steps), step, argv, recipes.launcher(recipe) if step == "merge" else ())
         if code:
             print(failure_message(step, argv, recipe, args, steps, code), file=sys.stderr)
-            return EXIT_INTERRUPTED if code == EXIT_INTERRUPTED else EXIT_BAD_INPUT
+            return code if is_interrupted(code) else EXIT_BAD_INPUT
         if step == "merge":
             write_recipe_copy(recipe, args)
     compare_with_paper(recipe)

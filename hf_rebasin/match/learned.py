@@ -55,7 +55,7 @@ from .path import PathOfEnds, stored, strip_parameters
 
 LEARNED_SETTINGS = ("method", "start", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
                     "lambda_dist", "soft_targets", "learn_seed", "eval_every", "eval_subset", "holdout",
-                    "checkpoint_every", "checkpoint_dir", "resume", "learn_precision", "device",
+                    "checkpoint_every", "checkpoint_minutes", "checkpoint_dir", "resume", "learn_precision", "device",
                     "gradient_checkpointing", "fsdp")
 
 

@@ -7,8 +7,9 @@
 * AdamW (no weight decay: it would pull the group elements towards an arbitrary point), linear
   warmup then cosine decay.
 * checkpoints (symmetry parameters, optimiser state, step, log, fingerprint) are written atomically
-  by the main process; the first Ctrl-C finishes the current step on every process, saves a
-  checkpoint and raises KeyboardInterrupt; a second Ctrl-C aborts at once.
+  by the main process: every --checkpoint-every steps, every --checkpoint-minutes of training (the newest of those
+  kept), and when stopped: the first Ctrl-C (or SIGTERM, SIGHUP: hf_rebasin/signals.py) finishes the current step
+  on every process, saves a checkpoint and raises KeyboardInterrupt (signals.Stopped); a second aborts at once.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
@@ -27,6 +29,7 @@ import torch
 
 from ..errors import UserError
 from ..progress import tqdm
+from ..signals import handle, interruption, restore, say
 
 CHECKPOINT_FORMAT = "hf-rebasin-learned-matching/1"
 
@@ -206,28 +209,50 @@ def load_checkpoint(path: str | Path, fingerprint: dict) -> dict:
 # --- Ctrl-C ---------------------------------------------------------------------------------------
 
 class InterruptFlag:
-    """First SIGINT: remember it (the loop stops after the current step); second: KeyboardInterrupt."""
+    """First SIGINT, SIGTERM or SIGHUP: remember it (the loop stops after the current step); second: raise it."""
 
     def __init__(self, announce: bool):
-        self.requested, self.announce, self.previous = False, announce, None
+        self.requested, self.signum, self.announce, self.previous = False, signal.SIGINT, announce, {}
 
     def _handler(self, signum, frame):
         if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
+            raise interruption(signum)
+        self.requested, self.signum = True, signum
         if self.announce:
-            print("\nhf-rebasin: stopping after this step and saving a checkpoint (Ctrl-C again to abort now)",
-                  file=sys.stderr)
+            what, again = ("", "Ctrl-C") if signum == signal.SIGINT else (f"{signal.Signals(signum).name}: ", "it")
+            say(f"{chr(10) * sys.stderr.isatty()}hf-rebasin: {what}stopping after this step and saving a checkpoint "
+                f"({again} again to abort now)")
+
+    def stop(self) -> KeyboardInterrupt:
+        """What the loop raises once it has saved the checkpoint."""
+        return interruption(self.signum)
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handler)
+            self.previous = handle(self._handler)
         return self
 
     def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        restore(self.previous)
         return False
+
+
+class TimedCheckpoints:
+    """A checkpoint every `minutes` of training (0: none), the newest kept: what a run killed without warning
+    (SIGKILL after a scheduler's grace period, a lost node, out of memory) loses at most."""
+
+    def __init__(self, minutes: float):
+        self.every_s, self.since, self.last = 60.0 * minutes, time.monotonic(), None
+
+    def due(self) -> bool:
+        return self.every_s > 0 and time.monotonic() - self.since >= self.every_s
+
+    def saved(self, path: Path, replace: bool) -> None:
+        """`path` was just written; the timed checkpoint before it is removed when `replace`."""
+        if replace and self.last is not None and self.last != path:
+            self.last.unlink(missing_ok=True)
+        self.last = path if replace else self.last
+        self.since = time.monotonic()
 
 
 # --- held-out estimate ---------------------------------------------------------------------------
@@ -343,6 +368,7 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
         pending.clear()
         return stop > 0
 
+    timed = TimedCheckpoints(s.checkpoint_minutes)
     with InterruptFlag(announce=main) as interrupt:
         for step in range(start, s.steps):
             for group in optimizer.param_groups:
@@ -366,17 +392,21 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
             done = step + 1
             pending.append((done, step_loss, lam, optimizer.param_groups[0]["lr"]))
             evaluate_now = bool(s.eval_every and done % s.eval_every == 0) or done == s.steps
-            checkpoint_now = main and s.checkpoint_every and done % s.checkpoint_every == 0
+            every_k = bool(s.checkpoint_every and done % s.checkpoint_every == 0)
             # one process may stop at any step; several agree on it when they read (the same steps on all)
             stop = world == 1 and interrupt.requested
-            if stop or evaluate_now or done % read_every == 0 or s.checkpoint_every and done % s.checkpoint_every == 0:
+            read_now = stop or evaluate_now or done % read_every == 0 or every_k
+            if read_now:
                 stop = read() or stop
             if evaluate_now:
                 estimate(done)
             bar.set_postfix(postfix, refresh=False)
             bar.update(1)
-            if checkpoint_now:
-                save_checkpoint(checkpoint_path(s.checkpoint_dir, tag, done), state(done))
+            # a timed checkpoint only where the losses were read (the log is whole), by the main process alone
+            timed_now = main and read_now and done < s.steps and not stop and timed.due()
+            if main and (every_k or timed_now):
+                path = save_checkpoint(checkpoint_path(s.checkpoint_dir, tag, done), state(done))
+                timed.saved(path, replace=not every_k)
             if on_step is not None:
                 on_step(done, step_loss)
             if stop:
@@ -386,7 +416,7 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
                     print(f"hf-rebasin: saved {path} after step {done}/{s.steps}; continue with --resume {path}",
                           file=sys.stderr)
                 accelerator.wait_for_everyone()
-                raise KeyboardInterrupt
+                raise interrupt.stop()
     bar.close()
     if best is not None:
         path_loss.load_learned_state(best["params"])

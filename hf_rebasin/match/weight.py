@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..core.canonical import Graph, Spec, layer_key, residual_role
 from ..core.symmetry import Transform, apply, rotary_pairs, rotate_residual, transform_layer
-from ..progress import tqdm
+from ..progress import conclude, tqdm
 from .alignment import Alignment
 from .linalg import (
     assignment,
@@ -371,8 +371,10 @@ def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = Tru
                 best, best_distance = copy.deepcopy(t), distance
             previous = log[-2]["distance"]
             if previous - distance <= tol * max(previous, 1e-12):
+                conclude(bar, f"converged after {round_} round{'s' * (round_ > 1)} (at most {max_rounds})")
                 break
-    bar.close()
+        else:
+            conclude(bar, f"{max_rounds} rounds, the most allowed (not converged to within {tol:g})")
     settings = {"residual": residual, "head_maps": full, "max_rounds": max_rounds, "tol": tol}
     return Alignment([t_a, best], log, settings)  # the steps are not all exact minimisers: keep the best round
 
