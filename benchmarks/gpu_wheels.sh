@@ -13,14 +13,15 @@
 #
 # The one command there (the device tool's `run`, carry [".whl"]):
 #
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-requires-python \
-#     --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; \
-#   (cd /tmp && python3 -c "import hf_rebasin, datasets, lm_eval; print('installed:', hf_rebasin.__file__)"); \
-#   PYTHONUNBUFFERED=1 timeout 500 python3 benchmarks/gpu_check.py --json $OUT/gpu_check.json 2>&1 \
-#     | tee $OUT/gpu_check.log
+# P="python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-requires-python --upgrade"
+# $P --target /tmp/site $(ls .whl/*.whl | grep -v hf_rebasin) && $P --target /tmp/hf .whl/hf_rebasin-*.whl || exit
+# export PYTHONPATH=/tmp/site; (cd /tmp && PYTHONPATH=/tmp/hf:/tmp/site python3 -c "import hf_rebasin, datasets, lm_eval")
+# PYTHONUNBUFFERED=1 timeout 500 python3 benchmarks/gpu_check.py --json $OUT/gpu_check.json 2>&1 | tee $OUT/gpu_check.log
 #
-# (--ignore-requires-python: until the package's requires-python admits 3.12; --no-deps: the machine's own
-# torch and transformers stay, whatever the package's metadata pins.)
+# (its lines joined by "; ".  --ignore-requires-python: until the package's requires-python admits 3.12; --no-deps:
+# the machine's own torch and transformers stay, whatever the package's metadata pins.  hf_rebasin's own wheel goes
+# to /tmp/hf, outside PYTHONPATH: its import checks its dependencies' lower bounds (timm's version there is not
+# known), and gpu_check, run from the checkout, does not stop on that.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
