@@ -6,14 +6,14 @@ sampling, and the example pair's barrier on the GPU against the CPU.
     .venv/bin/python benchmarks/gpu_check.py --dry-run   # every part on the CPU, tiny (tests/test_gpu_check.py)
 
 On the GPU machine (Python 3.12, torch 2.11, transformers 5.17, no package index), with the wheels that
-benchmarks/gpu_wheels.sh downloads into .whl/ carried along, the one command is (its lines joined by "; ", the last two by a space):
+benchmarks/gpu_wheels.sh downloads into .whl/ carried along, the one command is (lines joined by "; "):
 
     P="python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-requires-python --upgrade"
     $P --target /tmp/site $(ls .whl/*.whl | grep -v hf_rebasin) && $P --target /tmp/hf .whl/hf_rebasin-*.whl || exit
     export PYTHONPATH=/tmp/site
     (cd /tmp && PYTHONPATH=/tmp/hf:/tmp/site python3 -c "import hf_rebasin, datasets, lm_eval")
-    PYTHONUNBUFFERED=1 timeout 500 python3 benchmarks/gpu_check.py --json $OUT/gpu_check.json 2>&1 \
-      | tee $OUT/gpu_check.log
+    PYTHONUNBUFFERED=1 timeout 500 python3 benchmarks/gpu_check.py --json $OUT/gpu_check.json 2>&1 | tee \
+      $OUT/gpu_check.log
 
 Models are built on the device directly (benchmarks/device_models.py: parameters on the meta device, then drawn
 on the GPU; nothing written to disk, no model copy on the host); their canonical graphs stay on the host, as a
