@@ -1,7 +1,7 @@
 """GPU check of dual learned matching at the Pythia-160M and 1B configs: speed, memory against the plan, `self`
 sampling, and the example pair's barrier on the GPU against the CPU.
 
-    python3 benchmarks/gpu_check.py                 # on a GPU: 160m and 1b, about 4 minutes on one H100
+    python3 benchmarks/gpu_check.py                 # on a GPU: 160m and 1b (sized for < 8 min on an H100; unrun)
     python3 benchmarks/gpu_check.py --quick         # 160m only, fewer steps
     .venv/bin/python benchmarks/gpu_check.py --dry-run   # every part on the CPU, tiny (tests/test_gpu_check.py)
 
