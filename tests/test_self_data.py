@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import weakref
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -373,3 +374,26 @@ def test_data_self_is_refused(pair, capsys):
     a, b, _ = pair
     assert main(["barrier", str(a), str(b), "--data", "self"]) == 2
     assert "never on samples" in capsys.readouterr().err
+
+
+class OlderCacheKeyword(torch.nn.Module):
+    """A model as transformers releases before the `cache` keyword call it (5.17, the GPU machines' release): the
+    KV cache in and out as `past_key_values` only; a `cache` keyword would be a TypeError."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True):
+        out = self.model(input_ids=input_ids, cache=past_key_values, use_cache=use_cache)
+        return SimpleNamespace(logits=out.logits, past_key_values=out.cache)
+
+
+def test_sampling_speaks_the_cache_keyword_of_the_installed_transformers(loaded, tokenizer):
+    """The same tokens from a model whose forward names its KV cache `past_key_values` (out.cache raised an
+    AttributeError there, so `self` failed on transformers 5.17)."""
+    settings = sampling(loaded, tokenizer, batch=2)
+    model = loaded[0].backend.load_model(loaded[0])
+    draws = [list(sample_sequences(m, 3, settings, torch.Generator().manual_seed(0), "cpu"))
+             for m in (model, OlderCacheKeyword(model))]
+    assert all(torch.equal(a, b) for a, b in zip(*draws, strict=True)) and len(draws[0]) == 2

@@ -24,6 +24,7 @@ cache until the last model is done; then the shares are interleaved into the tok
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import tempfile
 from collections.abc import Callable
@@ -121,13 +122,20 @@ def draw(logits: torch.Tensor, temperature: float, top_p: float, generator: torc
     return order.gather(-1, torch.multinomial(sorted_probs, 1, generator=generator))
 
 
+def cache_keyword(model) -> str:
+    """The name of the KV cache in the model's forward and output: `cache` in recent transformers, `past_key_values`
+    in earlier 5.x releases inside the supported range (5.17, the GPU machines' release, has only that)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def continue_to(model, context: torch.Tensor, sampling: Sampling, generator: torch.Generator, bar=None):
     """`context` (batch, c) continued by sampling to (batch, seq_len), with the model's KV cache."""
     tokens, cache, inputs = [context], None, context
+    keyword = cache_keyword(model)
     for _ in range(sampling.seq_len - context.shape[1]):
-        out = model(input_ids=inputs, cache=cache, use_cache=True)
-        cache = out.cache
+        out = model(input_ids=inputs, use_cache=True, **{keyword: cache})
+        cache = getattr(out, keyword)
         inputs = draw(out.logits[:, -1, :sampling.vocab_size], sampling.temperature, sampling.top_p, generator)
         tokens.append(inputs)
         if bar is not None:
