@@ -40,6 +40,7 @@ exit status 1 if any part failed or the barriers disagree.  Elapsed seconds are 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import statistics
@@ -59,7 +60,8 @@ from device_models import build_on_device, canonical_graph, template_for  # noqa
 
 from hf_rebasin.core.symmetry import Transform  # noqa: E402
 from hf_rebasin.match import Alignment  # noqa: E402
-from hf_rebasin.match.learned import learn  # noqa: E402
+from hf_rebasin.match.learned import autocast_dtype, learn  # noqa: E402
+from hf_rebasin.match.memory_plan import free_memory, plan_memory, step_shape  # noqa: E402
 from hf_rebasin.match.train_loop import make_optimizer  # noqa: E402
 from hf_rebasin.options import MergeOptions  # noqa: E402
 from hf_rebasin.pipeline import self_sample_windows  # noqa: E402
@@ -189,6 +191,26 @@ def default_self_tokens(seq: int) -> int:
     return sum(drawn_tokens(share, sampling) for share in sampling.shares())
 
 
+def planned(options: MergeOptions, graphs, seq: int) -> tuple[MergeOptions, dict | None]:
+    """The options with the memory plan that `merge` makes before its first step (pipeline -> memory_plan.plan_run,
+    here from the graphs' shapes: learn() is called directly), and the plan; (options, None) where the package
+    plans nothing (the CPU of the dry run)."""
+    device = torch.device(options.resolved_device())
+    free = free_memory(device, options.memory_bytes())
+    if free is None:
+        return options, None
+    shape = step_shape(graphs[0].spec, {k: tuple(v.shape) for k, v in graphs[0].params.items()}, len(graphs),
+                       options.method)
+    plan = plan_memory(shape, device=options.resolved_device(), batch=options.learn_batch_size, processes=1,
+                       seq_len=seq, precision="bf16" if autocast_dtype(options, device) == torch.bfloat16 else "fp32",
+                       soft_targets=options.soft_target_share("causal-lm") > 0, free=free[0], source=free[1],
+                       min_accumulation=options.grad_accum, checkpointing=options.gradient_checkpointing)
+    print(f"  {plan.line()}", flush=True)
+    options = dataclasses.replace(options, grad_accum=plan.accumulation,
+                                  gradient_checkpointing=plan.gradient_checkpointing)
+    return options, plan.to_dict()
+
+
 def learned_run(setting: str, graphs, template, seq: int, args, work: Path) -> dict:
     """learn() for --steps steps at `setting` ("defaults" or "papers"), timed per step after two warm-up steps."""
     common = dict(method="dual", steps=args.steps, device=args.device, checkpoint_dir=str(work / "checkpoints"))
@@ -197,6 +219,7 @@ def learned_run(setting: str, graphs, template, seq: int, args, work: Path) -> d
     else:
         options = MergeOptions(**common, learn_batch_size=args.papers_batch, soft_targets=0.0, eval_every=0,
                                learn_precision=args.precision, gradient_checkpointing=False)
+    options, plan = planned(options, graphs, seq)
     vocab = graphs[0].spec.n_out
     train = random_windows(vocab, options.learn_batch_size * args.steps + 64, seq, 1)
     stamps: list[float] = []
@@ -211,7 +234,6 @@ def learned_run(setting: str, graphs, template, seq: int, args, work: Path) -> d
     wall = time.perf_counter() - began
     peak = peak_bytes(args.device)
     step_s = statistics.median([b - a for a, b in zip(stamps, stamps[1:])][1:])
-    plan = result.settings.get("memory_plan")
     row = {"setting": setting, "batch": options.learn_batch_size, "seq": seq,
            "precision": str(result.settings["learned"]["learn_precision"]),
            "soft_targets": options.soft_target_share("causal-lm"), "steps": args.steps, "step_s": step_s,

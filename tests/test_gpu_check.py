@@ -123,3 +123,23 @@ def test_quick_and_dry_run_settings():
     assert (dry.device, dry.configs) == ("cpu", "tiny")
     with pytest.raises(SystemExit):
         gpu_check.parse_args(["--steps", "2"])
+
+
+def test_learned_runs_take_the_memory_plan_of_a_merge(template):
+    """gpu_check calls learn() directly: it makes the plan `merge` makes (here under --max-memory, on the CPU) and
+    runs with its accumulation and checkpointing; on the CPU without --max-memory nothing is planned, as in merge."""
+    from hf_rebasin.match.memory_plan import HEADROOM, estimate_peak, step_shape
+    from hf_rebasin.options import MergeOptions
+    graphs = [device_models.canonical_graph(device_models.build_on_device(template, seed, "cpu"), template)
+              for seed in (1, 2)]
+    options = MergeOptions(method="dual", device="cpu", learn_batch_size=64)
+    assert gpu_check.planned(options, graphs, 64) == (options, None)
+    shape = step_shape(graphs[0].spec, {k: tuple(v.shape) for k, v in graphs[0].params.items()}, 2, "dual")
+    whole, eighth = (estimate_peak(shape, micro_batch=m, seq_len=64, checkpointing=False, value_bytes=4,
+                                   soft_targets=True) for m in (64, 8))
+    budget = int((whole + eighth) / 2 / HEADROOM)  # the whole batch does not fit, an eighth of it does
+    tight = MergeOptions(method="dual", device="cpu", learn_batch_size=64, max_memory=str(budget))
+    chosen, plan = gpu_check.planned(tight, graphs, 64)
+    assert plan["planned"] and plan["micro_batch"] * plan["accumulation"] == 64 and plan["accumulation"] > 1
+    assert (chosen.grad_accum, chosen.gradient_checkpointing) == (plan["accumulation"], plan["gradient_checkpointing"])
+    assert plan["estimated_peak_bytes"] <= HEADROOM * budget
