@@ -81,6 +81,9 @@ class MergeOptions:
     match_data: str | None = option(None, f"data for activation matching (default: --data), or {SELF_DATA}: sampled "
                                     f"from the models (a folder named {SELF_DATA}: ./{SELF_DATA})", group=MATCHING)
     am_batches: int = option(32, "batches for activation matching", group=MATCHING, low=1)
+    allow_overlap: bool = option(False, "proceed when over 1 %% of the evaluation tokens (images) are covered by a "
+                                 "13-gram of the data the method fits on (refused otherwise; recorded in barrier.json)",
+                                 group=MATCHING)
     # the self samples' settings (chosen from measurements: BENCHMARKS.md, "Self-sampled training data")
     self_temperature: float = option(1.0, f"temperature of the {SELF_DATA} samples", group=MATCHING, above=0, high=10)
     self_top_p: float = option(1.0, f"nucleus mass (top-p) of the {SELF_DATA} samples", group=MATCHING, above=0, high=1)
@@ -230,6 +233,7 @@ class MergeOptions:
                         for f in fields_of(MergeOptions) if f.metadata.get("group") == LEARNED})
         if not method.needs_data:
             why["match_data"] = f"is for the methods that match on data (am, lm, dual), not --method {self.method}"
+            why["allow_overlap"] = f"is for the methods that fit on data (am, lm, dual), not --method {self.method}"
         if self.method not in ("am", "am-perm") and not (method.learned and self.start == "am"):
             why["am_batches"] = f"is for --method am / am-perm and --start am, not --method {self.method}"
         if self.self_sampled(task):

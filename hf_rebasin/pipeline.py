@@ -120,6 +120,10 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
         context.train_data, data, data_notes = training_data(options, template, context.match_data, data, data_spec,
                                                              samples)
         context.eval_data = data
+    elif method.needs_data and context.match_data is data:
+        context.match_data, data, data_notes = matching_split(options, template, data)
+        context.eval_data = data
+    overlap, overlap_notes = fitting_overlap(method, context, data, options)
     start = time.perf_counter()
     alignment = method.run(graphs, context)
     timings["match_s"] = time.perf_counter() - start
@@ -132,6 +136,15 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
         alignment.settings.setdefault("notes", []).extend(data_notes)
         sampled_peak = (samples.info.get("peak_memory") or {}).get("bytes") if samples is not None else None
         alignment.settings["memory_plan"] = {**memory_plan, "sampling_peak_bytes": sampled_peak}
+    elif data_notes:  # activation matching on one half of --data
+        alignment.settings["match_data"] = {"split": "disjoint halves of --data, by document",
+                                            "windows": len(context.match_data.inputs),
+                                            "digest": data_digest(context.match_data)}
+    if not method.learned:
+        alignment.settings.setdefault("notes", []).extend(data_notes)
+    if overlap is not None:
+        alignment.settings["overlap"] = overlap
+        alignment.settings.setdefault("notes", []).extend(overlap_notes)
     if samples is not None:
         recorded = ("tokens", "windows", "sampling", "per_model", "file", "reused")  # digest: as --data's is computed
         alignment.settings["self_samples"] = {"digest": data_digest(samples), **{k: samples.info[k] for k in recorded},
@@ -251,6 +264,32 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
     return train, data, notes
 
 
+def matching_split(options: MergeOptions, template: Loaded, data: EvalData) -> tuple[EvalData, EvalData, list[str]]:
+    """(matching data, evaluation data, notes) of activation matching given no other --match-data: --data split by
+    document as the learned methods split it (split_in_halves), never matched on the windows it is evaluated on."""
+    if len(data.inputs) < 4:
+        raise OptionError(f"--method {options.method} without --match-data matches on one half of --data and is "
+                          f"evaluated on the other, and {len(data.inputs)} examples are too few: pass --match-data")
+    match, data, how = split_in_halves(data, template, options.learn_seed)
+    return match, data, [f"no other --match-data: --data was split into disjoint halves ({how}); activation matching "
+                         f"used {len(match.inputs)} examples, the barrier is measured on the other {len(data.inputs)}"]
+
+
+def fitting_overlap(method, context: MatchContext, data: EvalData, options: MergeOptions) -> tuple[dict | None, list]:
+    """The n-gram overlap between what the method fits on and the evaluation data (sources.overlap), refused above
+    its limit before the matching starts unless --allow-overlap (or, for learned methods, --allow-train-on-eval)."""
+    from .sources.overlap import check_overlap
+    fit = context.train_data if method.learned else context.match_data if method.needs_data else None
+    if fit is None:
+        return None, []
+    fitted_on = ("the self samples" if options.self_sampled(data.task) else
+                 "--train-data" if method.learned and options.train_data else
+                 "--match-data" if options.match_data else "the other half of --data")
+    return check_overlap(fit, data, method=options.method, fitted_on=fitted_on,
+                         allow=options.allow_overlap or (method.learned and options.allow_train_on_eval),
+                         vocab_size=getattr(context.template.config, "vocab_size", None))
+
+
 def self_sample_windows(options: MergeOptions, seq_len: int) -> int:
     """How many windows `self` samples: lm/dual an eighth of the windows their steps draw (--max-train-tokens: up
     to all of them) and the held-out ones; activation matching its --am-batches batches of --batch-size."""
@@ -351,6 +390,7 @@ def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, dat
     merged_loss = losses[on_grid[0]] if on_grid else evaluate(
         instantiate(interpolate(aligned, list(merged_at)), template), data, options.batch_size, device)["loss"]
     timings["barrier_s"] = time.perf_counter() - start
+    intervals = barrier_intervals(results, weights, vertices, data, template)
 
     metric = "perplexity" if data.task == "causal-lm" else "accuracy"
     lambdas = [w[1] for w in weights] if n == 2 else [list(w) for w in weights]
@@ -371,7 +411,22 @@ def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, dat
         data={**(data.info or {}), "spec": data_spec, "digest": data_digest(data)}, settings=settings,
         match_log=alignment.log, timings=timings,
         versions=installed_versions(), command=command or equivalent_command(models, options),
-        notes=notes, license=licences.pop() if len(licences) == 1 else None, hf_rebasin_version=__version__)
+        notes=notes, license=licences.pop() if len(licences) == 1 else None, hf_rebasin_version=__version__,
+        **intervals)
+
+
+def barrier_intervals(results: list[dict], weights, vertices: list[int], data: EvalData, template: Loaded) -> dict:
+    """The bootstrap intervals of every point's loss and of the barrier (evaluation/intervals.py): documents
+    resampled, windows where the data has no document boundaries, images for classifiers."""
+    from .evaluation.intervals import path_intervals, units_of
+    from .sources.splits import eos_token_id
+    eos = eos_token_id(template) if data.task == "causal-lm" else None
+    units = units_of(data.inputs.numpy(), eos) if data.task == "causal-lm" else list(range(len(data.inputs)))
+    intervals = path_intervals([r["window_loss"] for r in results], results[0]["window_count"], units, weights,
+                               vertices)
+    unit = "images" if data.task != "causal-lm" else "windows" if len(set(units)) == len(units) else "documents"
+    intervals["bootstrap"]["unit"] = unit
+    return intervals
 
 
 def equivalent_command(models: list[str], options: MergeOptions, out: str | Path | None = None) -> str:

@@ -138,7 +138,7 @@ def test_report_counts_learned_parameters_and_keeps_the_signed_excess(pair, tmp_
     ends = report["endpoint_loss"]
     expected = [loss - ((1 - lam) * ends[0] + lam * ends[1]) for lam, loss in zip(report["lambdas"], report["loss"])]
     assert report["excess"] == pytest.approx(expected) and report["barrier"] == pytest.approx(max(expected))
-    assert report["schema_version"] == 2
+    assert report["schema_version"] == 3
 
 
 def _canonical_shapes(folder):

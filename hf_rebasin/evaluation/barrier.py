@@ -31,33 +31,40 @@ def _batches(n: int, batch_size: int):
 def evaluate(model: nn.Module, data: EvalData, batch_size: int = 8, device: str = "cpu") -> dict:
     """{"loss": ..., "perplexity" | "accuracy": ...} of one model on the data."""
     model = model.to(device).eval()
-    totals = [0.0, 0, 0]
+    totals = [0.0, 0, 0, [], []]
     for part in _batches(len(data.inputs), batch_size):
         _add_batch(totals, model, data, part, device)
     return _metrics(totals, data.task)
 
 
 def _add_batch(totals: list, model: nn.Module, data: EvalData, part: slice, device: str) -> None:
-    """Add one batch's summed loss, its count and its correct predictions to totals [loss, count, correct]."""
+    """Add one batch's summed loss, its count and its correct predictions to totals [loss, count, correct, loss of
+    each example, count of each example] (the last two for the bootstrap intervals: evaluation/intervals.py)."""
     x = data.inputs[part].to(device)
     if data.task == "causal-lm":
         logits = model(input_ids=x).logits[:, :-1].float()
         target = x[:, 1:]
         totals[0] += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum"))
         totals[1] += target.numel()
+        each = F.cross_entropy(logits.transpose(1, 2), target, reduction="none").double().sum(1)
+        totals[4] += [target.shape[1]] * len(target)
     else:
         logits = model(x).float()
         y = data.labels[part].to(device)
         totals[0] += float(F.cross_entropy(logits, y, reduction="sum"))
         totals[2] += int((logits.argmax(-1) == y).sum())
         totals[1] += len(y)
+        each = F.cross_entropy(logits, y, reduction="none").double()
+        totals[4] += [1] * len(y)
+    totals[3] += each.tolist()
 
 
 def _metrics(totals: list, task: str) -> dict:
     loss = totals[0] / totals[1]
+    each = {"window_loss": totals[3], "window_count": totals[4]}
     if task == "causal-lm":
-        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
-    return {"loss": loss, "accuracy": totals[2] / totals[1]}
+        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), **each}
+    return {"loss": loss, "accuracy": totals[2] / totals[1], **each}
 
 
 def simplex_lattice(n: int, resolution: int) -> list[tuple[float, ...]]:
@@ -135,7 +142,7 @@ def _evaluate_layer_major(model, layers, holder, data: EvalData, batch_size: int
         raise AssertionError("the staged forward ran past its layer")
 
     model = model.to(device).eval()
-    parts, totals, start = list(_batches(len(data.inputs), batch_size)), [0.0, 0, 0], 0
+    parts, totals, start = list(_batches(len(data.inputs), batch_size)), [0.0, 0, 0, [], []], 0
     try:
         while start < len(parts):
             holder.stage = stage = Stage()
@@ -182,7 +189,11 @@ def plot_path(results: dict[str, dict], path, title: str) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
     for name, result in results.items():
-        ax.plot(result["lambdas"], result["loss"], marker="o", ms=3, label=f"{name} (barrier {result['barrier']:.3f})")
+        line, = ax.plot(result["lambdas"], result["loss"], marker="o", ms=3,
+                        label=f"{name} (barrier {result['barrier']:.3f}{interval_label(result)})")
+        if result.get("loss_interval"):  # the bootstrap interval of every point's loss, shaded
+            low, high = zip(*result["loss_interval"])
+            ax.fill_between(result["lambdas"], low, high, color=line.get_color(), alpha=0.2, lw=0)
     ends = next(iter(results.values()))
     ax.plot([0, 1], ends["endpoint_loss"], ls="--", c="grey", lw=1, label="linear between endpoints")
     end = "model B" if set(results) == {"raw"} else "aligned model B"  # raw aligns nothing
@@ -193,6 +204,11 @@ def plot_path(results: dict[str, dict], path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def interval_label(result: dict) -> str:
+    interval = result.get("barrier_interval")
+    return f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
 
 
 def plot_simplex(report: dict, path, names: list[str]) -> None:

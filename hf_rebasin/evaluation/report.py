@@ -2,7 +2,9 @@
 
 One typed object, versioned.  Schema 2 (this version) adds ``schema_version`` and, for two models too,
 ``excess`` (the signed excess over the endpoint line at every point) and ``n_models``; a file without
-``schema_version`` is schema 1 and still reads (the missing fields are derived)."""
+``schema_version`` is schema 1 and still reads (the missing fields are derived).  Schema 3 adds the bootstrap
+intervals (``loss_interval``, ``barrier_interval`` and how they were drawn, ``bootstrap``: evaluation/intervals.py);
+a schema 1 or 2 file reads with them empty."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from ..errors import UserError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 REPORT_FILE = "barrier.json"
 REQUIRED = ("method", "models", "lambdas", "loss", "barrier")
 
@@ -45,6 +47,9 @@ class Report:
     notes: list[str] = field(default_factory=list)
     license: str | None = None
     hf_rebasin_version: str = ""
+    loss_interval: list = field(default_factory=list)  # [low, high] of every point's loss (percentile bootstrap)
+    barrier_interval: list[float] = field(default_factory=list)  # [low, high] of the barrier
+    bootstrap: dict = field(default_factory=dict)  # resamples, seed, level, unit, units
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -97,7 +102,7 @@ def read_json(path: Path) -> dict:
 
 
 def read_report(folder: str | Path) -> Report:
-    """The report of a merge output folder (schema 1 or 2)."""
+    """The report of a merge output folder (schema 1, 2 or 3)."""
     path = Path(folder) / REPORT_FILE
     if not path.is_file():
         raise UserError(f"{folder} is not an hf-rebasin merge output (no {REPORT_FILE}): pass the folder written by "

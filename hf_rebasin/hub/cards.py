@@ -115,11 +115,15 @@ def barrier_table(report: Report) -> tuple[list[str], list[list[str]]]:
     extra = [(key, digits) for key, digits in (("perplexity", 2), ("accuracy", 4)) if getattr(report, key)]
     two = report.n_models == 2
     header = (["λ"] if two else [f"w ({', '.join(labels(report.n_models))})"]) + ["loss"]
+    header += [f"loss, {100 * report.bootstrap['level']:g} % interval"] if report.loss_interval else []
     header += ["excess over the endpoint line" if two else "excess over the endpoint plane"] if report.excess else []
     header += [key for key, _ in extra]
     rows = []
     for i, lam in enumerate(report.lambdas):
-        row = [number(lam, 2), number(report.loss[i])] + ([number(report.excess[i])] if report.excess else [])
+        row = [number(lam, 2), number(report.loss[i])]
+        row += [f"[{number(report.loss_interval[i][0])}, {number(report.loss_interval[i][1])}]"] \
+            if report.loss_interval else []
+        row += [number(report.excess[i])] if report.excess else []
         rows.append(row + [number(getattr(report, key)[i], digits) for key, digits in extra])
     return header, rows
 
@@ -221,6 +225,16 @@ def library_name(report: Report) -> str:
 
 # --- the card -------------------------------------------------------------------------------------
 
+def barrier_text(report: Report) -> str:
+    """The barrier with its bootstrap interval (evaluation/intervals.py), when the report has one."""
+    if not report.barrier_interval:
+        return number(report.barrier)
+    low, high = report.barrier_interval
+    b = report.bootstrap
+    return (f"{number(report.barrier)} ({100 * b['level']:g} % interval [{number(low)}, {number(high)}], "
+            f"{b['resamples']} bootstrap resamples of {b['units']} {b.get('unit', 'units')}, seed {b['seed']})")
+
+
 def render_card(out_dir: str | Path, *, model_name: str | None = None) -> ModelCard:
     """The model card of a merge output folder (read from its barrier.json and, if present, eval.json).
     model_name: the name it is published under (default: the folder's name)."""
@@ -249,7 +263,7 @@ def render_card(out_dir: str | Path, *, model_name: str | None = None) -> ModelC
         timings=", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in report.timings.items()
                           if isinstance(v, (int, float))),
         versions=", ".join(f"{k} {v}" for k, v in report.versions.items() if v),
-        barrier=number(report.barrier), barrier_lambda=number(report.barrier_lambda, 2),
+        barrier=barrier_text(report), barrier_lambda=number(report.barrier_lambda, 2),
         merged_loss=number(report.merged_loss),
         barrier_header=barrier_header, barrier_rows=barrier_rows, eval_header=eval_header, eval_rows=eval_rows,
         eval_fewshot=(evals or {}).get("num_fewshot", 0), eval_limit=(evals or {}).get("limit"),
