@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .errors import OptionError, RebasinWarning
 from .sources.data_specs import check_spec_exists
+from .sources.file_checks import check_data_has_text, check_local_models
 
 
 def check_request(models: list[str], options, *, out=None, force: bool = False, json_path=None,
@@ -35,10 +36,13 @@ def preflight(models: list[str], options) -> None:
     """The checks that need configs but no weights: every source is a model of one library, the data can be
     read for it, the window fits its context, a checkpoint to resume from exists."""
     from .sources.backends import backend_of, read_config_json
-    backends = {backend_of(read_config_json(source)).name for source in models}
+    configs = [read_config_json(source) for source in models]
+    backends = {backend_of(config).name for config in configs}
     if len(backends) > 1:
         raise OptionError(f"the models come from different libraries ({', '.join(sorted(backends))}): only models of "
                           "one architecture can be merged")
+    if backends == {"transformers"}:
+        check_local_models(models, configs)
     if backends == {"timm"} and not options.data:
         raise OptionError("--data is required for image models (an ImageFolder, an .npz or a Hub dataset)")
     from .options import SELF_DATA
@@ -58,7 +62,15 @@ def preflight(models: list[str], options) -> None:
                        ("--train-data", options.train_data)):
         if spec and (spec != SELF_DATA or flag == "--data"):
             check_spec_exists(spec, flag)
+            check_data_has_text(spec, flag)
+    if backends == {"transformers"} and not options.data:
+        from .options import DEFAULT_LM_DATA
+        from .sources.data_specs import check_hub_dataset
+        check_hub_dataset(DEFAULT_LM_DATA, "--data", default=True)
     if backends == {"transformers"} and options.seq_len is not None:
+        from .sources.eval_data import check_context
+        positions = configs[0].get("max_position_embeddings") or configs[0].get("n_positions")
+        check_context(options.seq_len, positions if isinstance(positions, int) else None)  # before transformers
         from transformers import AutoConfig
 
         from .adapters import get_adapter

@@ -62,7 +62,7 @@ class MergeOptions:
     alpha: float | None = option(None, f"two models: the merged model is (1-α)·A + α·π(B) (default {DEFAULT_ALPHA})",
                                  group=EVALUATION, low=0.0, high=1.0)
     lambdas: int | None = option(None, f"two models: points on the λ grid from 0 to 1, at least 3 (2 would be the "
-                                 f"endpoints alone) (default {DEFAULT_LAMBDAS})", group=EVALUATION, low=2, high=1001)
+                                 f"endpoints alone) (default {DEFAULT_LAMBDAS})", group=EVALUATION, low=3, high=1001)
     simplex_resolution: int | None = option(None, "three or more models: lattice step 1/r on the simplex (default 6 "
                                             "for three models, else the largest r <= N whose lattice has at most "
                                             f"{MAX_LATTICE_POINTS} points)", group=EVALUATION, low=1)
@@ -285,9 +285,6 @@ class MergeOptions:
                             "and this run has one process: launch it with accelerate, or drop --fsdp "
                             "(--gradient-checkpointing saves memory in one process)")
         problems += self.refused_as_ignored(export) if refuse_ignored else []
-        if n_models == 2 and self.lambdas == 2:
-            problems.append("--lambdas 2 evaluates the endpoints alone, whose excess over the endpoint line is 0 by "
-                            "definition: the barrier would measure nothing; use --lambdas 3 or more")
         problems += device_problems(self.device, "--device")
         if num_processes > 1 and self.device.startswith("cuda:"):
             problems.append(f"--device {self.device} names one GPU, and under `accelerate launch` every process "

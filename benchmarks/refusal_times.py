@@ -1,0 +1,101 @@
+"""How long the command line takes to refuse bad input that needs no weights: misspelt names with the Hub
+unreachable or offline, and config-level problems (architecture or tokenizer mismatch, a corrupt tokenizer,
+empty data, a corrupt safetensors header), plus `inspect`.  Each case is run as a subprocess, the median of
+--repeats runs is printed with the exit code and the number of stderr lines.
+
+    .venv/bin/python benchmarks/refusal_times.py --repeats 3
+
+"The Hub unreachable" is HF_ENDPOINT on a closed port of 127.0.0.1 (nothing listens there).  The fixtures (a
+tiny LLaMA, edited copies of the bundled example pair) are made in a temporary folder.  To time another
+checkout of the package, put it first on PYTHONPATH."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HF_REBASIN = [sys.executable, "-m", "hf_rebasin.cli"]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fixtures(root: Path) -> dict[str, Path]:
+    from hf_rebasin import tiny
+    from hf_rebasin.assets import example_pair
+    pair = example_pair()
+    paths = {"A": pair / "model-a", "B": pair / "model-b", "heldout": pair / "heldout.txt"}
+    paths["llama"] = tiny.make_tiny("llama_gqa_tied", root / "llama")
+    for name in ("bad-tok", "other-tok", "bad-weights"):
+        shutil.copytree(pair / "model-b", root / name)
+        paths[name] = root / name
+    (root / "bad-tok" / "tokenizer.json").write_text('{"broken": ')
+    tok = json.loads((pair / "model-b" / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    first, second = list(vocab)[1:3]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (root / "other-tok" / "tokenizer.json").write_text(json.dumps(tok))
+    (root / "bad-weights" / "model.safetensors").write_bytes(b"\xff" * 64)
+    (root / "empty.txt").write_text("")
+    paths["empty"] = root / "empty.txt"
+    return paths
+
+
+def cases(p: dict[str, Path]) -> dict[str, tuple[list, dict]]:
+    data = ["--data", p["heldout"], "--seq-len", "128", "--max-eval-tokens", "1024", "--lambdas", "3"]
+    closed = {"HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}"}
+    offline = {"HF_HUB_OFFLINE": "1"}
+    return {
+        "misspelt name, Hub unreachable": (["merge", "model-a", p["B"], *data, "--out", "x"], closed),
+        "misspelt name, HF_HUB_OFFLINE=1": (["merge", "model-a", p["B"], *data, "--out", "x"], offline),
+        "default --data, Hub unreachable": (["barrier", p["A"], p["B"], "--seq-len", "128", "--lambdas", "3"], closed),
+        "run pythia-1b --dry-run, Hub unreachable": (["run", "pythia-1b", "--dry-run"], closed),
+        "architecture mismatch": (["barrier", p["A"], p["llama"], *data], {}),
+        "tokenizer mismatch": (["barrier", p["A"], p["other-tok"], *data], {}),
+        "corrupt tokenizer.json in B": (["barrier", p["A"], p["bad-tok"], *data], {}),
+        "empty --data": (["barrier", p["A"], p["B"], *data[:-6], "--data", p["empty"]], {}),
+        "corrupt safetensors header in B": (["barrier", p["A"], p["bad-weights"], *data], {}),
+        "inspect": (["inspect", p["A"]], {}),
+    }
+
+
+def time_case(args: list, env: dict, cwd: Path, repeats: int) -> tuple[float, int, int, str]:
+    seconds, code, lines, last = [], 0, 0, ""
+    for _ in range(repeats):
+        start = time.perf_counter()
+        proc = subprocess.run([*HF_REBASIN, *map(str, args)], env={**os.environ, **env}, cwd=cwd,
+                              capture_output=True, text=True, timeout=300)
+        seconds.append(time.perf_counter() - start)
+        code, lines = proc.returncode, len(proc.stderr.splitlines())
+        last = (proc.stderr.strip().splitlines() or [""])[-1]
+    return statistics.median(seconds), code, lines, last
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", help="run the cases whose name contains this")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        (root / "cwd").mkdir()
+        for name, (argv, env) in cases(fixtures(root)).items():
+            if args.only and args.only not in name:
+                continue
+            median, code, lines, last = time_case(argv, env, root / "cwd", args.repeats)
+            print(f"{name:<42} {median:6.2f} s  exit {code}  {lines} stderr line(s)  | {last[:150]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
