@@ -3,11 +3,12 @@ unreachable or offline, and config-level problems (architecture or tokenizer mis
 empty data, a corrupt safetensors header), plus `inspect`.  Each case is run as a subprocess, the median of
 --repeats runs is printed with the exit code and the number of stderr lines.
 
-    .venv/bin/python benchmarks/refusal_times.py --repeats 3
+    .venv/bin/python benchmarks/refusal_times.py --repeats 3 --before /tmp/old-checkout
 
-"The Hub unreachable" is HF_ENDPOINT on a closed port of 127.0.0.1 (nothing listens there).  The fixtures (a
-tiny LLaMA, edited copies of the bundled example pair) are made in a temporary folder.  To time another
-checkout of the package, put it first on PYTHONPATH."""
+"The Hub unreachable" is HF_ENDPOINT on a closed port of 127.0.0.1 (nothing listens there), with an empty Hub
+cache.  The fixtures (a tiny LLaMA, edited copies of the bundled example pair, a merge output for `eval`) are made
+in a temporary folder.  --before: another checkout of the package (e.g. `git archive` of an earlier commit),
+timed case by case beside this one, so that both see the same machine load."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 HF_REBASIN = [sys.executable, "-m", "hf_rebasin.cli"]
 
@@ -49,18 +52,22 @@ def fixtures(root: Path) -> dict[str, Path]:
     (root / "bad-weights" / "model.safetensors").write_bytes(b"\xff" * 64)
     (root / "empty.txt").write_text("")
     paths["empty"] = root / "empty.txt"
+    from hub_server import write_merge_output
+    paths["merged"] = Path(shutil.copytree(pair / "model-a", root / "merged"))
+    write_merge_output(paths["merged"])
     return paths
 
 
-def cases(p: dict[str, Path]) -> dict[str, tuple[list, dict]]:
+def cases(p: dict[str, Path], root: Path) -> dict[str, tuple[list, dict]]:
     data = ["--data", p["heldout"], "--seq-len", "128", "--max-eval-tokens", "1024", "--lambdas", "3"]
-    closed = {"HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}"}
+    closed = {"HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}", "HF_HOME": str(root / "hf-home")}
     offline = {"HF_HUB_OFFLINE": "1"}
     return {
         "misspelt name, Hub unreachable": (["merge", "model-a", p["B"], *data, "--out", "x"], closed),
         "misspelt name, HF_HUB_OFFLINE=1": (["merge", "model-a", p["B"], *data, "--out", "x"], offline),
         "default --data, Hub unreachable": (["barrier", p["A"], p["B"], "--seq-len", "128", "--lambdas", "3"], closed),
         "run pythia-1b --dry-run, Hub unreachable": (["run", "pythia-1b", "--dry-run"], closed),
+        "eval --tasks piqa, Hub unreachable": (["eval", p["merged"], "--tasks", "piqa"], closed),
         "architecture mismatch": (["barrier", p["A"], p["llama"], *data], {}),
         "tokenizer mismatch": (["barrier", p["A"], p["other-tok"], *data], {}),
         "corrupt tokenizer.json in B": (["barrier", p["A"], p["bad-tok"], *data], {}),
@@ -72,10 +79,11 @@ def cases(p: dict[str, Path]) -> dict[str, tuple[list, dict]]:
 
 def time_case(args: list, env: dict, cwd: Path, repeats: int) -> tuple[float, int, int, str]:
     seconds, code, lines, last = [], 0, 0, ""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")} | env
     for _ in range(repeats):
         start = time.perf_counter()
-        proc = subprocess.run([*HF_REBASIN, *map(str, args)], env={**os.environ, **env}, cwd=cwd,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([*HF_REBASIN, *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True,
+                              timeout=300)
         seconds.append(time.perf_counter() - start)
         code, lines = proc.returncode, len(proc.stderr.splitlines())
         last = (proc.stderr.strip().splitlines() or [""])[-1]
@@ -86,15 +94,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", help="run the cases whose name contains this")
+    parser.add_argument("--before", type=Path, help="another checkout, timed beside this one case by case")
     args = parser.parse_args()
+    checkouts = {"now": {}} if args.before is None else {
+        "before": {"PYTHONPATH": str(args.before.resolve())}, "now": {}}
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         (root / "cwd").mkdir()
-        for name, (argv, env) in cases(fixtures(root)).items():
+        for name, (argv, env) in cases(fixtures(root), root).items():
             if args.only and args.only not in name:
                 continue
-            median, code, lines, last = time_case(argv, env, root / "cwd", args.repeats)
-            print(f"{name:<42} {median:6.2f} s  exit {code}  {lines} stderr line(s)  | {last[:150]}", flush=True)
+            for label, extra in checkouts.items():
+                median, code, lines, last = time_case(argv, {**env, **extra}, root / "cwd", args.repeats)
+                print(f"{name:<42} {label:<6} {median:6.2f} s  exit {code}  {lines} stderr line(s)  | {last[:110]}",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -206,3 +206,30 @@ def test_the_lambdas_range_says_what_it_refuses():
     for value in (1, 2):
         with pytest.raises(OptionError, match=r"--lambdas must be in \[3, 1001\], got " + str(value)):
             MergeOptions(lambdas=value).check(2)
+
+
+# --- the raw reference and lm-eval's data --------------------------------------------------------------------
+
+def test_a_merge_reports_the_plain_averages_barrier_beside_its_own():
+    """The raw barrier at the same points, as --method raw measures it (exactly: the endpoints are shared)."""
+    import hf_rebasin
+    settings = dict(data=str(PAIR / "heldout.txt"), seq_len=64, max_eval_tokens=512, lambdas=3, progress=False)
+    wm = hf_rebasin.barrier([PAIR / "model-a", PAIR / "model-b"], method="wm", **settings).report
+    raw = hf_rebasin.barrier([PAIR / "model-a", PAIR / "model-b"], method="raw", **settings).report
+    assert raw.raw_barrier is None and "raw_barrier" not in raw.to_dict()
+    assert wm.raw_barrier == pytest.approx(raw.barrier, rel=1e-5) and wm.raw_barrier > wm.barrier
+    assert "raw_reference_s" in wm.timings
+    skipped = hf_rebasin.barrier([PAIR / "model-a", PAIR / "model-b"], method="wm", no_raw_reference=True,
+                                 **settings).report
+    assert skipped.raw_barrier is None and skipped.barrier == wm.barrier
+
+
+def test_eval_with_the_hub_unreachable_and_no_cached_data_is_one_line(offline_env, tmp_path):
+    """Repro 7's `eval --tasks piqa` (41 s offline before): refused before lm-eval is imported."""
+    from hub_server import write_merge_output
+    out = tmp_path / "merged"
+    shutil.copytree(PAIR / "model-a", out)
+    write_merge_output(out)
+    code, err, seconds = run_cli(["eval", out, "--tasks", "piqa"], offline_env, tmp_path)
+    assert code == 2 and len(err) == 1 and "piqa" in err[0] and "cannot be reached" in err[0], err
+    assert seconds < FAST_S * 2, seconds

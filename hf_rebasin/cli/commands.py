@@ -65,6 +65,9 @@ def print_summary(report, out: Path | None) -> None:
             print(f"{lam:7.2f} {loss:9.4f} {value:11.4f}")
         print(f"method {report.method}: barrier {report.barrier:.4f} nats at λ={report.barrier_lambda:.2f}; "
               f"merged (α={report.alpha}) loss {report.merged_loss:.4f}")
+        if report.raw_barrier is not None:
+            print(f"reference: the plain average (raw) has barrier {report.raw_barrier:.4f} nats at the same λ "
+                  "points (--no-raw-reference skips it)")
     else:
         print(f"{report.n_models}-way {report.method}: barrier {report.barrier:.4f} nats at weights "
               f"{[round(w, 3) for w in report.barrier_lambda]}; centroid loss {report.merged_loss:.4f}; "

@@ -11,6 +11,7 @@ import functools
 import os
 import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 DEFAULT_ENDPOINT = "https://huggingface.co"
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 PROBE_TIMEOUT_S = 2.0  # a refused connection or a failed DNS look-up (the usual offline) answers at once
+PROBE_REUSE_S = 10.0  # a probe's answer is reused for the checks of one command, not for ever
 
 
 def offline_variable() -> str | None:
@@ -40,14 +42,15 @@ def hub_unreachable() -> str | None:
     setting = offline_variable()
     if setting:
         return f"{setting} is set, so the Hub is not asked"
-    why = _probe(endpoint())
+    why = _probe(endpoint(), int(time.monotonic() // PROBE_REUSE_S))
     return None if why is None else f"the Hub at {endpoint()} cannot be reached ({why})"
 
 
 @functools.lru_cache(maxsize=8)
-def _probe(url: str) -> str | None:
-    """Why one TCP connection to the endpoint (or the proxy that reaches it) fails, or None when it opens.  Run in
-    a thread, so that a DNS look-up that hangs is given up after PROBE_TIMEOUT_S as well."""
+def _probe(url: str, period: int) -> str | None:
+    """Why one TCP connection to the endpoint (or the proxy that reaches it) fails, or None when it opens (asked
+    again in the next `period` of PROBE_REUSE_S).  Run in a thread, so that a DNS look-up that hangs is given up
+    after PROBE_TIMEOUT_S as well."""
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
     proxy = urllib.request.getproxies().get(parts.scheme)
@@ -94,6 +97,13 @@ def cached_dataset(name: str) -> bool:
     datasets cache (a folder named after it, '/' written as '___')."""
     return cached_repo(name, "dataset") or any(
         (datasets_cache() / folder).is_dir() for folder in {name.replace("/", "___"), name.split("/")[-1]})
+
+
+def any_cached_dataset() -> bool:
+    """Whether either cache holds any dataset at all."""
+    hub, prepared = hub_cache(), datasets_cache()
+    return (hub.is_dir() and any(hub.glob("datasets--*"))) or (prepared.is_dir() and any(
+        p.is_dir() and not p.name.startswith(".") for p in prepared.iterdir()))
 
 
 @contextmanager
