@@ -13,20 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ModelLoadError, UserError
+from .file_checks import TOKENIZER_FILES, has_tokenizer_files
 from .hub_access import hub_unreachable, offline_variable
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "tokenizer.model", "added_tokens.json")
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-
-def has_tokenizer_files(folder: Path) -> bool:
-    """Whether a model folder holds a tokenizer (without one, transformers makes an empty one from the model type)."""
-    return any((folder / name).is_file() for name in TOKENIZER_FILES if name not in ("special_tokens_map.json",
-                                                                                     "added_tokens.json"))
 
 
 def is_local(source: str | Path) -> bool:

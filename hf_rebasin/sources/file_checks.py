@@ -16,7 +16,15 @@ BIN_INDEX = "pytorch_model.bin.index.json"
 NOT_WEIGHTS = {"transforms.safetensors", "training_args.bin", "optimizer.bin", "scheduler.bin"}
 JSON_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                         "added_tokens.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model", "added_tokens.json")
 SMALL_DATA_BYTES = 1 << 20  # a data file up to this size is read whole to see whether it holds any text
+
+
+def has_tokenizer_files(folder: Path) -> bool:
+    """Whether a model folder holds a tokenizer (without one, transformers makes an empty one from the model type)."""
+    return any((folder / name).is_file() for name in TOKENIZER_FILES if name not in ("special_tokens_map.json",
+                                                                                     "added_tokens.json"))
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -114,8 +122,7 @@ def vocabulary_difference(a: dict[str, int], b: dict[str, int], source_a: str, s
 def check_local_models(sources: list[str], configs: list[dict]) -> None:
     """What the loader would refuse about local transformers folders, read from their files: a second model of
     another class, a corrupt weight header, a tokenizer file that is not JSON, tokenizers that differ."""
-    from .backends import has_tokenizer_files, is_local
-    local = [(s, Path(s).expanduser(), c) for s, c in zip(sources, configs) if is_local(s)]
+    local = [(s, Path(s).expanduser(), c) for s, c in zip(sources, configs) if Path(s).expanduser().exists()]
     classes = [(s, (c.get("architectures") or [None])[0]) for s, c in zip(sources, configs)]
     for source, cls in classes[1:]:
         if cls and classes[0][1] and cls != classes[0][1]:
