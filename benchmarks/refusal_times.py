@@ -1,7 +1,8 @@
 """How long the command line takes to refuse bad input that needs no weights: misspelt names with the Hub
 unreachable or offline, and config-level problems (architecture or tokenizer mismatch, a corrupt tokenizer,
 empty data, a corrupt safetensors header), plus `inspect`.  Each case is run as a subprocess, the median of
---repeats runs is printed with the exit code and the number of stderr lines.
+--repeats runs is printed (wall clock, and the CPU time of the process, which a busy machine inflates less) with
+the exit code and the number of stderr lines.
 
     .venv/bin/python benchmarks/refusal_times.py --repeats 3 --before /tmp/old-checkout
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -77,17 +79,20 @@ def cases(p: dict[str, Path], root: Path) -> dict[str, tuple[list, dict]]:
     }
 
 
-def time_case(args: list, env: dict, cwd: Path, repeats: int) -> tuple[float, int, int, str]:
-    seconds, code, lines, last = [], 0, 0, ""
+def time_case(args: list, env: dict, cwd: Path, repeats: int) -> tuple[float, float, int, int, str]:
+    """(median wall seconds, median CPU seconds of the process, exit code, stderr lines, last stderr line)."""
+    seconds, cpu, code, lines, last = [], [], 0, 0, ""
     env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")} | env
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = subprocess.run([*HF_REBASIN, *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True,
                               timeout=300)
         seconds.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime)
         code, lines = proc.returncode, len(proc.stderr.splitlines())
         last = (proc.stderr.strip().splitlines() or [""])[-1]
-    return statistics.median(seconds), code, lines, last
+    return statistics.median(seconds), statistics.median(cpu), code, lines, last
 
 
 def main() -> None:
@@ -105,9 +110,9 @@ def main() -> None:
             if args.only and args.only not in name:
                 continue
             for label, extra in checkouts.items():
-                median, code, lines, last = time_case(argv, {**env, **extra}, root / "cwd", args.repeats)
-                print(f"{name:<42} {label:<6} {median:6.2f} s  exit {code}  {lines} stderr line(s)  | {last[:110]}",
-                      flush=True)
+                wall, cpu, code, lines, last = time_case(argv, {**env, **extra}, root / "cwd", args.repeats)
+                print(f"{name:<42} {label:<6} {wall:6.2f} s (cpu {cpu:5.2f} s)  exit {code}  {lines} stderr line(s)  "
+                      f"| {last[:100]}", flush=True)
 
 
 if __name__ == "__main__":

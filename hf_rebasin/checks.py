@@ -7,7 +7,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from .errors import OptionError, RebasinWarning
+from .errors import ModelLoadError, OptionError, RebasinWarning
 from .sources.data_specs import check_spec_exists
 from .sources.file_checks import check_data_has_text, check_local_models
 
@@ -32,11 +32,29 @@ def check_request(models: list[str], options, *, out=None, force: bool = False, 
             warnings.warn(f"{flags[name]} {why}: it is not used", RebasinWarning, stacklevel=2)
 
 
+def sibling_folder(missing: str, models: list[str]) -> str | None:
+    """A folder of that name beside another model's folder (`merge model-a pair/model-b`: pair/model-a)."""
+    name = Path(missing).name
+    for other in models:
+        folder = Path(other).expanduser()
+        if other != missing and name and folder.is_dir() and (folder.parent / name / "config.json").is_file():
+            return str(folder.parent / name)
+    return None
+
+
 def preflight(models: list[str], options) -> None:
     """The checks that need configs but no weights: every source is a model of one library, the data can be
     read for it, the window fits its context, a checkpoint to resume from exists."""
     from .sources.backends import backend_of, read_config_json
-    configs = [read_config_json(source) for source in models]
+    configs = []
+    for source in models:
+        try:
+            configs.append(read_config_json(source))
+        except ModelLoadError as error:
+            hint = sibling_folder(source, models)
+            if hint:
+                error.args = (f"{error} (did you mean {hint}?)",)
+            raise
     backends = {backend_of(config).name for config in configs}
     if len(backends) > 1:
         raise OptionError(f"the models come from different libraries ({', '.join(sorted(backends))}): only models of "

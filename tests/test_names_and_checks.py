@@ -76,6 +76,7 @@ def test_a_misspelt_name_with_the_hub_unreachable_is_one_line_at_once(offline_en
     code, err, seconds = run_cli(["merge", "model-a", PAIR / "model-b", *DATA, "--out", "x"], offline_env, tmp_path)
     assert code == 2 and len(err) == 1, err
     assert "model-a" in err[0] and "HF_HUB_OFFLINE" in err[0] and "cannot be reached" in err[0]
+    assert err[0].endswith(f"(did you mean {PAIR / 'model-a'}?)"), err  # the folder beside model B
     assert seconds < FAST_S, seconds
     offline = {**offline_env, "HF_HUB_OFFLINE": "1"}
     code, err, seconds = run_cli(["merge", "model-a", PAIR / "model-b", *DATA, "--out", "x"], offline, tmp_path)
