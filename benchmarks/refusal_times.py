@@ -98,7 +98,7 @@ def time_case(args: list, env: dict, cwd: Path, repeats: int) -> tuple[float, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", help="run the cases whose name contains this")
+    parser.add_argument("--only", nargs="+", help="run the cases whose name contains one of these")
     parser.add_argument("--before", type=Path, help="another checkout, timed beside this one case by case")
     args = parser.parse_args()
     checkouts = {"now": {}} if args.before is None else {
@@ -107,7 +107,7 @@ def main() -> None:
         root = Path(folder)
         (root / "cwd").mkdir()
         for name, (argv, env) in cases(fixtures(root), root).items():
-            if args.only and args.only not in name:
+            if args.only and not any(part in name for part in args.only):
                 continue
             for label, extra in checkouts.items():
                 wall, cpu, code, lines, last = time_case(argv, {**env, **extra}, root / "cwd", args.repeats)
