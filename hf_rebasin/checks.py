@@ -7,8 +7,9 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from .errors import OptionError, RebasinWarning
+from .errors import ModelLoadError, OptionError, RebasinWarning
 from .sources.data_specs import check_spec_exists
+from .sources.file_checks import check_data_has_text, check_local_models
 
 
 def check_request(models: list[str], options, *, out=None, force: bool = False, json_path=None,
@@ -31,14 +32,35 @@ def check_request(models: list[str], options, *, out=None, force: bool = False, 
             warnings.warn(f"{flags[name]} {why}: it is not used", RebasinWarning, stacklevel=2)
 
 
+def sibling_folder(missing: str, models: list[str]) -> str | None:
+    """A folder of that name beside another model's folder (`merge model-a pair/model-b`: pair/model-a)."""
+    name = Path(missing).name
+    for other in models:
+        folder = Path(other).expanduser()
+        if other != missing and name and folder.is_dir() and (folder.parent / name / "config.json").is_file():
+            return str(folder.parent / name)
+    return None
+
+
 def preflight(models: list[str], options) -> None:
     """The checks that need configs but no weights: every source is a model of one library, the data can be
     read for it, the window fits its context, a checkpoint to resume from exists."""
     from .sources.backends import backend_of, read_config_json
-    backends = {backend_of(read_config_json(source)).name for source in models}
+    configs = []
+    for source in models:
+        try:
+            configs.append(read_config_json(source))
+        except ModelLoadError as error:
+            hint = sibling_folder(source, models)
+            if hint:
+                error.args = (f"{error} (did you mean {hint}?)",)
+            raise
+    backends = {backend_of(config).name for config in configs}
     if len(backends) > 1:
         raise OptionError(f"the models come from different libraries ({', '.join(sorted(backends))}): only models of "
                           "one architecture can be merged")
+    if backends == {"transformers"}:
+        check_local_models(models, configs)
     if backends == {"timm"} and not options.data:
         raise OptionError("--data is required for image models (an ImageFolder, an .npz or a Hub dataset)")
     from .options import SELF_DATA
@@ -58,7 +80,15 @@ def preflight(models: list[str], options) -> None:
                        ("--train-data", options.train_data)):
         if spec and (spec != SELF_DATA or flag == "--data"):
             check_spec_exists(spec, flag)
+            check_data_has_text(spec, flag)
+    if backends == {"transformers"} and not options.data:
+        from .options import DEFAULT_LM_DATA
+        from .sources.data_specs import check_hub_dataset
+        check_hub_dataset(DEFAULT_LM_DATA, "--data", default=True)
     if backends == {"transformers"} and options.seq_len is not None:
+        from .sources.eval_data import check_context
+        positions = configs[0].get("max_position_embeddings") or configs[0].get("n_positions")
+        check_context(options.seq_len, positions if isinstance(positions, int) else None)  # before transformers
         from transformers import AutoConfig
 
         from .adapters import get_adapter

@@ -2,19 +2,19 @@
 hf-rebasin will use for the model, from its config alone (no weights are loaded)."""
 from __future__ import annotations
 
-import torch
-
-from .adapters import get_adapter
-from .core.symmetry import describe_group
 from .requirements import import_optional
-from .sources.backends import TimmBackend, backend_of
-from .sources.models import read_config_json
+from .sources.backends import TimmBackend, backend_of, read_config_json
 
 
 def describe(source: str) -> dict:
-    """Everything inspect shows, from the config alone (the model is built on the meta device)."""
+    """Everything inspect shows, from the config alone (the model is built on the meta device).  A source that is
+    no model (a misspelt folder, the Hub unreachable) is refused before torch is imported."""
     hub_config = read_config_json(str(source))
     backend = backend_of(hub_config)
+    import torch
+
+    from .adapters import get_adapter
+    from .core.symmetry import describe_group
     if backend.name == "timm":
         timm = import_optional("timm")
         with torch.device("meta"):

@@ -66,15 +66,22 @@ def range_problems(options) -> list[str]:
     return problems
 
 
+def argument_group(parser: argparse.ArgumentParser, title: str):
+    """The parser's argument group of that title, made when it has none (one group per title in --help)."""
+    for group in parser._action_groups:
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
     """One --flag per field of an options dataclass, grouped as the fields say, help with the default."""
-    groups: dict[str, Any] = {}
     for f in fields_of(cls):
         if f.name in skip:
             continue
         meta = f.metadata
         group = meta.get("group") or ""
-        target = parser if not group else groups.setdefault(group, parser.add_argument_group(group))
+        target = parser if not group else argument_group(parser, group)
         kind = value_type(cls, f)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         help_text = meta.get("help", "")

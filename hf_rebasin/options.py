@@ -38,7 +38,8 @@ def default_lambda_dist(method: str, n_models: int, task: str) -> str:
     return "narrow"
 
 
-HARMLESS_WHEN_IGNORED = ("checkpoint_dir", "self_samples_dir")  # a place that is not used: warned about, not refused
+HARMLESS_WHEN_IGNORED = ("checkpoint_dir", "self_samples_dir",  # a place that is not used: warned about, not refused
+                         "no_raw_reference")
 
 
 # --- merge and barrier --------------------------------------------------------------------------------
@@ -62,10 +63,13 @@ class MergeOptions:
     alpha: float | None = option(None, f"two models: the merged model is (1-α)·A + α·π(B) (default {DEFAULT_ALPHA})",
                                  group=EVALUATION, low=0.0, high=1.0)
     lambdas: int | None = option(None, f"two models: points on the λ grid from 0 to 1, at least 3 (2 would be the "
-                                 f"endpoints alone) (default {DEFAULT_LAMBDAS})", group=EVALUATION, low=2, high=1001)
+                                 f"endpoints alone) (default {DEFAULT_LAMBDAS})", group=EVALUATION, low=3, high=1001)
     simplex_resolution: int | None = option(None, "three or more models: lattice step 1/r on the simplex (default 6 "
                                             "for three models, else the largest r <= N whose lattice has at most "
                                             f"{MAX_LATTICE_POINTS} points)", group=EVALUATION, low=1)
+    no_raw_reference: bool = option(False, "two models, a method other than raw: skip the plain average's barrier "
+                                    "at the same λ points, printed and recorded (raw_barrier) as a reference; it costs "
+                                    "about one more barrier evaluation", group=EVALUATION)
     seq_len: int | None = option(None, "window length in tokens (default min(512, context))", group=EVALUATION, low=2)
     max_eval_tokens: int = option(65536, "cap on evaluated tokens", group=EVALUATION, low=1)
     max_eval_examples: int | None = option(None, "cap on evaluated images (default all)", group=EVALUATION, low=1)
@@ -243,6 +247,8 @@ class MergeOptions:
                                      f"is for --train-data / --match-data {SELF_DATA}, and this run samples nothing"))
         if method.learned and self.train_data is not None:
             why["match_data"] = f"is what --method {self.method} trains on without --train-data, and it is given"
+        if self.method == "raw":
+            why["no_raw_reference"] = "skips the plain average's reference barrier, and --method raw is that average"
         if not self.uses_rounds():
             why["rounds"] = f"caps the rounds of weight matching, which --method {self.method} does not run"
         if not export:
@@ -300,9 +306,6 @@ class MergeOptions:
                             "and this run has one process: launch it with accelerate, or drop --fsdp "
                             "(--gradient-checkpointing saves memory in one process)")
         problems += self.refused_as_ignored(export) if refuse_ignored else []
-        if n_models == 2 and self.lambdas == 2:
-            problems.append("--lambdas 2 evaluates the endpoints alone, whose excess over the endpoint line is 0 by "
-                            "definition: the barrier would measure nothing; use --lambdas 3 or more")
         problems += device_problems(self.device, "--device")
         if num_processes > 1 and self.device.startswith("cuda:"):
             problems.append(f"--device {self.device} names one GPU, and under `accelerate launch` every process "

@@ -100,6 +100,7 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     elif options.method == "raw":
         embedding_notes.append("raw with a narrower model averages the canonical forms (checkpoints of different "
                                "shapes have no element-wise average)")
+    reference = raw_reference(graphs, narrower, options)
     timings["load_s"] = time.perf_counter() - start
 
     template = loaded[0]
@@ -155,7 +156,7 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     with held([g if t.is_identity() else apply(g, t) for g, t in zip(graphs, alignment.transforms)], out,
               reserve=export_bytes) as aligned:
         report = evaluate_report(names, aligned, alignment, template, data, data_spec, options, timings, progress,
-                                 command or equivalent_command(names, options, out))
+                                 command or equivalent_command(names, options, out), reference)
         result = MergeResult(report, alignment.transforms)
         if out is not None:
             _, merged_at = evaluation_points(len(models), options)
@@ -167,6 +168,14 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
         from .hub.push import push
         push(result.out, push_to, private=private)
     return result
+
+
+def raw_reference(graphs: list, narrower: list[int], options: MergeOptions) -> list | None:
+    """The unaligned models whose plain average's barrier a two-model merge reports beside its own (None: raw
+    itself, N models, or --no-raw-reference); with a narrower model, the average of the canonical forms."""
+    if len(graphs) != 2 or options.method == "raw" or options.no_raw_reference:
+        return None
+    return list(graphs) if narrower else [PlainAverage(g) for g in graphs]
 
 
 def embeddable(wide: Loaded, other: Loaded) -> bool:
@@ -374,7 +383,8 @@ def evaluation_points(n_models: int, options: MergeOptions) -> tuple[list[tuple[
 
 
 def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, data: EvalData, data_spec: str,
-                    options: MergeOptions, timings: dict, progress: bool, command: str | None) -> Report:
+                    options: MergeOptions, timings: dict, progress: bool, command: str | None,
+                    reference: list | None = None) -> Report:
     from .hub.cards import source_license
     n = len(models)
     weights, merged_at = evaluation_points(n, options)
@@ -390,6 +400,19 @@ def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, dat
     merged_loss = losses[on_grid[0]] if on_grid else evaluate(
         instantiate(interpolate(aligned, list(merged_at)), template), data, options.batch_size, device)["loss"]
     timings["barrier_s"] = time.perf_counter() - start
+    raw_barrier = None
+    if reference is not None:  # the endpoints are the same models (transforms are exact): only the inside points
+        start = time.perf_counter()
+        inside = [k for k in range(len(weights)) if k not in vertices]
+        with held(reference, None) as graphs:
+            found = evaluate_points(graphs, [weights[k] for k in inside], template, data, options.batch_size, device,
+                                    progress, desc="raw reference")
+        raw_losses = list(losses)
+        for k, result in zip(inside, found):
+            raw_losses[k] = result["loss"]
+        raw_excess, raw_worst = worst_excess(weights, raw_losses, endpoint_loss)
+        raw_barrier = raw_excess[raw_worst]
+        timings["raw_reference_s"] = time.perf_counter() - start
     intervals = barrier_intervals(results, weights, vertices, data, template)
 
     metric = "perplexity" if data.task == "causal-lm" else "accuracy"
@@ -407,6 +430,7 @@ def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, dat
         architecture=template.adapter.architecture, task=data.task, n_models=n,
         alpha=merged_at[1] if n == 2 else list(merged_at), **{metric: [r[metric] for r in results]},
         excess=excess, endpoint_loss=endpoint_loss, barrier_lambda=lambdas[worst], merged_loss=merged_loss,
+        raw_barrier=raw_barrier,
         method_description=METHODS[options.method].description,
         data={**(data.info or {}), "spec": data_spec, "digest": data_digest(data)}, settings=settings,
         match_log=alignment.log, timings=timings,
@@ -480,7 +504,8 @@ def demo(out: str | Path = "runs/demo", *, progress: bool = True) -> dict[str, R
     pair = example_pair()
     reports = {}
     for method in ("raw", "wm"):
-        options = MergeOptions(method=method, data=str(pair / "heldout.txt"), seq_len=128, max_eval_tokens=16384)
+        options = MergeOptions(method=method, data=str(pair / "heldout.txt"), seq_len=128, max_eval_tokens=16384,
+                               no_raw_reference=method == "wm")  # the demo merges raw itself
         target = Path(out) / method
         result = run([str(pair / "model-a"), str(pair / "model-b")], options, out=target,
                      force=(target / "barrier.json").is_file(), progress=progress)

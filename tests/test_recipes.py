@@ -164,7 +164,7 @@ BAD = {
     "bad device": ("models: [a, b]\neval: {device: tpu}\n",
                    ["`eval.device` 'tpu' is not a device hf-rebasin runs on: use auto, cpu, cuda or cuda:N"]),
     "out of range": ("models: [a, b]\nmerge: {lambdas: 1, lr: 0}\neval: {limit: 0}\n",
-                     ["has 3 problems", "`merge.lambdas` must be in [2, 1001], got 1",
+                     ["has 3 problems", "`merge.lambdas` must be in [3, 1001], got 1",
                       "`merge.lr` must be in (0.0, 1.0], got 0.0", "`eval.limit` must be at least 1, got 0"]),
     "options that do not go together": (
         "models: [a, b, c]\nmerge: {alpha: 0.3, warmup: 50, steps: 10}\neval: {batch_size: lots}\n",

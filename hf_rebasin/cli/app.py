@@ -13,13 +13,15 @@ import threading
 import time
 import warnings
 
+from ..architectures import registered_architectures
 from ..errors import RebasinWarning, UserError
 from ..signals import STOP_SIGNALS, exit_code, handle, interruption, say, signal_of
 from ..version import __version__
 
-DESCRIPTION = ("Merge independently trained transformers (GPT-NeoX/Pythia, LLaMA, OLMo-1, GPT-2, timm ViT) by "
-               "aligning their symmetries: permutations of heads and FFN units, a rotation of the residual stream, "
-               "invertible maps inside each head. The merged model is written as a checkpoint of its own class.")
+DESCRIPTION = ("Merge independently trained transformers by aligning their symmetries: permutations of heads and "
+               "FFN units, a rotation of the residual stream, invertible maps inside each head. The merged model is "
+               "written as a checkpoint of its own class. Supported classes: "
+               f"{', '.join(registered_architectures())}.")
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 

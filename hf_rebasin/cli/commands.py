@@ -6,16 +6,25 @@ import json
 import shlex
 from pathlib import Path
 
-from ..option_fields import add_arguments, from_namespace
+from ..option_fields import add_arguments, argument_group, from_namespace
 from ..options import EvalOptions, MergeOptions, PushOptions, TokenizeOptions
 
 
 def method_table() -> str:
     from ..match import METHODS
     width = max(map(len, METHODS))
-    lines = [f"  {name:<{width}}  {m.description}" + ("  [needs data]" if m.needs_data else "")
-             + ("  [N models]" if m.n_way else "") for name, m in METHODS.items()]
+    lines = [f"  {name:<{width}}  {m.description}" + data_tag(m) + ("  [N models]" if m.n_way else "")
+             for name, m in METHODS.items()]
     return "methods (--method):\n" + "\n".join(lines)
+
+
+def data_tag(method) -> str:
+    """What data a method uses beyond --data, and where it comes from when no flag names it."""
+    if method.learned:
+        return "  [trains on --train-data; default for LMs: text sampled from the models (self)]"
+    if method.needs_data:
+        return "  [activations on --match-data; default: the --data set]"
+    return ""
 
 
 # --- inspect --------------------------------------------------------------------------------------
@@ -56,6 +65,9 @@ def print_summary(report, out: Path | None) -> None:
             print(f"{lam:7.2f} {loss:9.4f} {value:11.4f}")
         print(f"method {report.method}: barrier {report.barrier:.4f} nats at λ={report.barrier_lambda:.2f}; "
               f"merged (α={report.alpha}) loss {report.merged_loss:.4f}")
+        if report.raw_barrier is not None:
+            print(f"reference: the plain average (raw) has barrier {report.raw_barrier:.4f} nats at the same λ "
+                  "points (--no-raw-reference skips it)")
     else:
         print(f"{report.n_models}-way {report.method}: barrier {report.barrier:.4f} nats at weights "
               f"{[round(w, 3) for w in report.barrier_lambda]}; centroid loss {report.merged_loss:.4f}; "
@@ -123,7 +135,7 @@ def register_merge(subparsers) -> None:
                                               "and write the merged model as a checkpoint of its own class.",
                                   epilog=method_table(), formatter_class=formatter)
     add_models_and_options(merge)
-    out = merge.add_argument_group("output")
+    out = argument_group(merge, "output")
     out.add_argument("--out", required=True, help="output folder (refused if it exists, unless --force)")
     out.add_argument("--force", action="store_true", help="replace an earlier hf-rebasin output at --out (a folder "
                                                           "with barrier.json; anything else is never replaced)")

@@ -37,6 +37,7 @@ class Report:
     endpoint_loss: list[float] = field(default_factory=list)
     barrier_lambda: float | list[float] | None = None
     merged_loss: float | None = None
+    raw_barrier: float | None = None  # two models: the plain average's barrier at the same points, for reference
     method_description: str = ""
     data: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
@@ -75,7 +76,7 @@ class Report:
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        return {k: v for k, v in out.items() if not (k in ("perplexity", "accuracy") and v is None)}
+        return {k: v for k, v in out.items() if not (k in ("perplexity", "accuracy", "raw_barrier") and v is None)}
 
     @classmethod
     def from_dict(cls, data: dict) -> Report:

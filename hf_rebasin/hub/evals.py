@@ -114,11 +114,15 @@ def top_level(loaded: dict) -> list:
 
 
 def load_task(manager, name: str) -> dict:
+    from ..sources.hub_access import cache_only, hub_unreachable
     try:
-        return manager.load([name])
+        with cache_only():  # the Hub unreachable: lm-eval's datasets from the cache, no retries
+            return manager.load([name])
     except OSError as error:  # ConnectionError, FileNotFoundError, DatasetNotFoundError, timeouts
-        raise UserError(f"the data of lm-eval task {name!r} could not be fetched ({type(error).__name__}: {error}). "
-                        f"{OFFLINE_HINT}") from error
+        why = hub_unreachable()
+        detail = " ".join(str(error).split())
+        raise UserError(f"the data of lm-eval task {name!r} could not be fetched ({type(error).__name__}: {detail})"
+                        + (f"; {why}" if why else "") + f". {OFFLINE_HINT}") from error
     except UserError:
         raise
     except Exception as error:  # a broken task config is the user's input
@@ -149,8 +153,7 @@ def prepare_tasks(tasks: str | Sequence[str], include_path=None) -> TaskSet:
 # --- models ---------------------------------------------------------------------------------------
 
 def check_language_model(source: str) -> None:
-    from ..sources.backends import backend_of
-    from ..sources.models import read_config_json
+    from ..sources.backends import backend_of, read_config_json
     if backend_of(read_config_json(source)).task != "causal-lm":
         raise UserError(f"{source} is a timm image model; lm-eval is for language models (causal LMs) only. "
                         "Image merges are scored by their accuracy in barrier.json")
@@ -299,6 +302,7 @@ def evaluate_merge(out_dir: str | Path, options: EvalOptions | None = None, *, a
     options.check()
     out_dir = Path(out_dir)
     report = read_merge_output(out_dir)
+    check_task_data_reachable(options)  # before torch
     device = pick_device(options.device)
     batch_size = parse_batch_size(options.batch_size)
     models = {"merged": str(out_dir)}
@@ -327,6 +331,17 @@ def evaluate_merge(out_dir: str | Path, options: EvalOptions | None = None, *, a
         atomic_write(stage / EVAL_FILE, json.dumps(evaluation, indent=2) + "\n")
         refresh_card(stage, out_dir.name)
     return evaluation
+
+
+def check_task_data_reachable(options: EvalOptions) -> None:
+    """lm-eval's built-in tasks read their data from the Hub: with the Hub unreachable and no dataset in any cache,
+    refused now, in one line (lm-eval would index its tasks and retry the Hub for most of a minute first)."""
+    from ..sources.hub_access import any_cached_dataset, hub_unreachable
+    why = None if options.include_path else hub_unreachable()
+    if why and not any_cached_dataset():
+        raise UserError(f"--tasks {options.tasks}: lm-eval reads the tasks' data from the Hub, {why}, and no "
+                        "dataset is in the Hub or datasets cache: connect (or fill the cache), or pass --include-path "
+                        "with task YAMLs whose data are local files")
 
 
 def refresh_card(out_dir: Path, model_name: str) -> None:

@@ -14,19 +14,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ModelLoadError, UserError
 from ..requirements import import_optional
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "tokenizer.model", "added_tokens.json")
+from .file_checks import TOKENIZER_FILES, has_tokenizer_files
+from .hub_access import hub_unreachable, offline_variable
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-
-def has_tokenizer_files(folder: Path) -> bool:
-    """Whether a model folder holds a tokenizer (without one, transformers makes an empty one from the model type)."""
-    return any((folder / name).is_file() for name in TOKENIZER_FILES if name not in ("special_tokens_map.json",
-                                                                                     "added_tokens.json"))
 
 
 def is_local(source: str | Path) -> bool:
@@ -34,9 +27,14 @@ def is_local(source: str | Path) -> bool:
 
 
 def looks_like_path(source: str) -> bool:
-    """A source that can only mean a local path: absolute, ./ ../ ~, or more than one '/' (Hub ids have one)."""
-    return source.startswith(("/", "./", "../", "~", ".\\")) or source in (".", "..") or source.count("/") > 1 \
-        or "\\" in source
+    """A source that can only mean a local path, so that a missing one is "no such folder" at once (never a Hub
+    look-up): absolute, ./ ../ ~, a backslash, a trailing '/', more than one '/' (Hub ids are owner/name), or
+    owner/name whose owner is a local folder (runs/merged where runs/ exists).  A bare name (gpt2) may be a
+    legacy Hub id: it is looked up, and refused in one line when the Hub cannot answer (hub_access)."""
+    if source.startswith(("/", "./", "../", "~", ".\\")) or source in (".", "..") or source.endswith("/"):
+        return True
+    return source.count("/") > 1 or "\\" in source or (
+        source.count("/") == 1 and Path(source.split("/")[0]).expanduser().is_dir())
 
 
 def is_hub_id(source: str) -> bool:
@@ -63,20 +61,40 @@ def read_config_json(source: str) -> dict:
         if not config_file.is_file():
             raise ModelLoadError(f"{source} is not a model folder: it has no config.json (expected a transformers "
                                  "or timm checkpoint saved with save_pretrained / save_for_hf)")
-    elif looks_like_path(source):
+    elif not is_hub_id(source):
         raise ModelLoadError(f"no such model folder: {source}")
     else:
-        from huggingface_hub import hf_hub_download
-        try:
-            config_file = Path(hf_hub_download(source, "config.json"))
-        except Exception as error:
-            raise ModelLoadError(f"could not get config.json of {source!r} from the Hugging Face Hub "
-                                 f"({type(error).__name__}: {' '.join(str(error).split())}). Is it a local folder that "
-                                 "does not exist, a misspelt repo id, or are you offline without a cache?") from error
+        config_file = hub_config_file(source)
     try:
         return json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ModelLoadError(f"{config_file} is not valid JSON: {error}") from error
+
+
+def hub_config_file(repo_id: str) -> Path:
+    """config.json of a Hub repository: from the cache when the Hub cannot be asked (hub_access), else
+    downloaded; every failure one line naming the id."""
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+    local = "" if "/" in repo_id else "no such local folder, and "
+    why = hub_unreachable()
+    if why is not None:
+        cached = try_to_load_from_cache(repo_id, "config.json")
+        if isinstance(cached, str):
+            return Path(cached)
+        fix = ("unset it to download the repo" if offline_variable() else
+               "set HF_HUB_OFFLINE=1 to use the Hub cache alone without trying the Hub")
+        raise ModelLoadError(f"{repo_id}: {local}no Hub repo of that id in the cache, and {why}: check the name; "
+                             f"{fix}")
+    try:
+        return Path(hf_hub_download(repo_id, "config.json"))
+    except RepositoryNotFoundError as error:
+        raise ModelLoadError(f"{repo_id}: {local}no Hub repo of that id (or a private one: log in with `hf auth "
+                             "login`)") from error
+    except Exception as error:
+        raise ModelLoadError(f"could not get config.json of {repo_id!r} from the Hugging Face Hub "
+                             f"({type(error).__name__}: {' '.join(str(error).split())}). Is it a local folder that "
+                             "does not exist, a misspelt repo id, or are you offline without a cache?") from error
 
 
 def empty_weights():
@@ -197,16 +215,14 @@ class TransformersBackend(Backend):
                 return (f"{model.source} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...), so "
                         "hf-rebasin cannot check that the models index tokens alike: copy the tokenizer the model "
                         "was trained with into the folder")
-        try:
-            va, vb = self.tokenizer(a.folder).get_vocab(), self.tokenizer(b.folder).get_vocab()
-        except UserError:
-            return None  # the barrier step reports a tokenizer that cannot be loaded for A; B's is not needed
-        if va == vb:
-            return None
-        only_a, only_b = len(set(va) - set(vb)), len(set(vb) - set(va))
-        moved = sum(1 for tok in set(va) & set(vb) if va[tok] != vb[tok])
-        return (f"the tokenizers of {a.source} and {b.source} differ ({only_a} tokens only in A, {only_b} only in B, "
-                f"{moved} with different ids): token embeddings are not indexed alike, so the models cannot be aligned")
+        from .file_checks import vocabulary_difference
+        vocabularies = []
+        for model in (a, b):  # each model's tokenizer: one that cannot be loaded is refused, B's as A's
+            try:
+                vocabularies.append(self.tokenizer(model.folder).get_vocab())
+            except UserError as error:
+                return str(error).replace(str(model.folder), str(model.source), 1)
+        return vocabulary_difference(*vocabularies, a.source, b.source)
 
 
 class TimmBackend(Backend):

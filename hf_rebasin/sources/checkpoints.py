@@ -11,7 +11,6 @@ otherwise (GPT-NeoX checkpoints say ``embed_out.weight``, a GPT-2 saved from ``G
 ``transformer.`` prefix).  ``aliases`` and ``prefix`` bridge the two."""
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -22,42 +21,21 @@ from torch import Tensor
 
 from ..core.canonical import InterpolatedGraph, LazyGraph
 from ..errors import ModelLoadError
+from .file_checks import BIN_INDEX, SAFETENSORS_INDEX, weight_files
+from .hub_access import hub_unreachable
 
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-BIN_INDEX = "pytorch_model.bin.index.json"
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
           "BOOL": torch.bool}
-NOT_WEIGHTS = {"transforms.safetensors", "training_args.bin", "optimizer.bin", "scheduler.bin"}
 HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", SAFETENSORS_INDEX, "tokenizer*", "vocab.*",
              "merges.txt", "special_tokens_map.json", "added_tokens.json", "README.md", "*.model"]
-
-
-def weight_files(folder: Path) -> list[Path]:
-    """The files holding a checkpoint folder's weights: safetensors when there are any, else .bin."""
-    for index, pattern in ((SAFETENSORS_INDEX, "*.safetensors"), (BIN_INDEX, "*.bin")):
-        if (folder / index).is_file():
-            try:
-                shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
-            except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as error:
-                raise ModelLoadError(f"{folder / index} is not a valid weight index ({error})") from error
-            missing = [name for name in shards if not (folder / name).is_file()]
-            if missing:
-                raise ModelLoadError(f"{folder} lacks {', '.join(missing[:3])}, listed in {index}: the download or "
-                                     "copy is incomplete")
-            return [folder / name for name in shards]
-        found = sorted(p for p in folder.glob(pattern) if not p.name.startswith(".") and p.name not in NOT_WEIGHTS)
-        preferred = [p for p in found if p.name.startswith(("model", "pytorch_model"))]
-        if preferred or found:
-            return preferred or found
-    raise ModelLoadError(f"{folder} holds no weights (no *.safetensors and no *.bin files)")
 
 
 def download(repo_id: str) -> Path:
     """A local snapshot of a Hub model with only the files hf-rebasin needs."""
     from huggingface_hub import HfApi, constants, snapshot_download
     try:
-        if constants.HF_HUB_OFFLINE:  # offline: what the cache holds (weight_files then says what is missing)
+        if constants.HF_HUB_OFFLINE or hub_unreachable():  # what the cache holds (weight_files says what is missing)
             return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES + ["*.bin", BIN_INDEX],
                                           local_files_only=True))
         files = HfApi().list_repo_files(repo_id)  # a client made now: the endpoint as configured now

@@ -9,9 +9,19 @@ import re
 from pathlib import Path
 
 from ..errors import DataError
+from .hub_access import cache_only, cached_dataset, hub_unreachable
 
 HUB_DEFAULT_SPLIT = "test"
 LOCAL_LOADER_DEFAULT_SPLIT = "train"
+
+
+def is_packaged_loader(name: str) -> bool:
+    """Whether NAME of a datasets spec is one of datasets' packaged local loaders (json, csv, text, ...), found
+    from its files without importing datasets (seconds)."""
+    import importlib.util
+    spec = importlib.util.find_spec("datasets")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    return bool(name) and "/" not in name and any((Path(f) / "packaged_modules" / name).is_dir() for f in folders)
 
 
 def packaged_loaders() -> frozenset[str]:
@@ -90,7 +100,8 @@ def load_datasets_spec(spec: str, split: str | None, streaming: bool = False):
     try:
         if streaming:
             kwargs["streaming"] = True
-        return datasets.load_dataset(*call, split=chosen_split, **kwargs)
+        with cache_only():  # the Hub unreachable: the caches alone, no retries
+            return datasets.load_dataset(*call, split=chosen_split, **kwargs)
     except Exception as error:  # offline, unknown id, bad split, bad files: all the user's to fix
         offline = bool(getattr(datasets.config, "HF_HUB_OFFLINE", False)) or any(
             os.environ.get(var, "").lower() in ("1", "true", "yes", "on")
@@ -113,3 +124,19 @@ def check_spec_exists(spec: str, flag: str = "--data") -> None:
                         ".jsonl file, a folder of text files, or a datasets spec NAME[:CONFIG[:SPLIT]]")
     if looks_like_path(spec) and not path.exists():
         raise DataError(f"{flag} {spec}: no such file or folder")
+    if not path.exists():
+        check_hub_dataset(spec, flag)
+
+
+def check_hub_dataset(spec: str, flag: str = "--data", default: bool = False) -> None:
+    """A datasets spec naming a Hub dataset, while the Hub cannot be reached and no cache holds it: refused now,
+    in one line (loading it would retry for half a minute)."""
+    name = spec.split(":")[0]
+    if not name or is_packaged_loader(name):
+        return
+    why = hub_unreachable()
+    if why is None or cached_dataset(name):
+        return
+    given = f"{flag} {spec}" + (" (the default for language models)" if default else "")
+    raise DataError(f"{given}: the Hub dataset {name} is in no local cache, and {why}: give local data "
+                    f"({flag} FILE.txt, a folder of .txt files or a .jsonl), or connect to download it")
