@@ -5,6 +5,7 @@ recorded in barrier.json by a run.  The counts at 1B and 6.9B take minutes on th
 HF_REBASIN_SLOW_COUNTS=1 (benchmarks/memory_plan_check.py prints the same table)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from unittest import mock
@@ -13,7 +14,7 @@ import pytest
 import torch
 from conftest import short_dual
 
-from hf_rebasin.match.memory_count import config_template, count_step, meta_graph
+from hf_rebasin.match.memory_count import LiveBytes, config_template, count_step, fake_tensors, meta_graph
 from hf_rebasin.match.memory_plan import (
     HEADROOM,
     MemoryPlanError,
@@ -74,6 +75,19 @@ def test_the_count_sees_what_the_step_frees():
     assert soft.step_peak_bytes - large.step_peak_bytes == pytest.approx(8 * 127 * 50304 * 4, rel=0.01)  # the target
 
 
+def test_a_view_of_a_tensor_made_before_the_count_allocates_nothing():
+    """The frozen endpoints exist before the step (held bytes): their views and in-place updates inside it (a teacher
+    pass reads them as they are) are not the step's allocations; a new tensor is."""
+    with fake_tensors():
+        held = torch.empty(256, 64)
+        with LiveBytes() as live:
+            held.T.reshape(64, 256)[:4].unflatten(0, (2, 2))
+            held.view(64, 256).add_(1.0)
+            assert live.peak == 0
+            held.T.contiguous()
+            assert live.peak == 256 * 64 * 4
+
+
 @pytest.fixture(scope="module")
 def one_b():
     return pythia("1b")
@@ -82,7 +96,8 @@ def one_b():
 def fake_gpu(free: int):
     """torch.cuda as a GPU with `free` bytes free would answer (no GPU needed)."""
     return [mock.patch("torch.cuda.mem_get_info", return_value=(free, 80 * GB)),
-            mock.patch("torch.cuda.is_bf16_supported", return_value=True)]
+            mock.patch("torch.cuda.is_bf16_supported", return_value=True),
+            mock.patch("torch.cuda.device", side_effect=lambda device: contextlib.nullcontext())]  # cuda:N chosen
 
 
 def planned(template, free: int, **options):

@@ -8,8 +8,9 @@ products, arranged so that a step launches few kernels (BENCHMARKS.md, "Launches
   scale, r the write factor of PathOfEnds.eps_and_write_factor), post-norm gains w g |G|;
 * a tensor's per-head maps and FFN factors act first and the residual map last, so the weight w rides on the
   residual map and no tensor needs an elementwise product of its own, in the forward or the backward;
-* the per-head maps of all layers are built at once as block-diagonal matrices, so that a head map is one
-  matrix product (a read's bias, which the residual map does not touch, takes the maps times w);
+* the per-head maps of all layers are built at once, stacked (L, n, hd, hd), and a tensor's head maps act as one
+  batched product on a view of it (heads as the batch, no copy): O(n·hd²) memory per map, never a block-diagonal
+  (n·hd)² matrix; a read's bias, which the residual map does not touch, takes the maps times w;
 * the tensors the continuous part does not touch (permuted at most) are interpolated without gradient.
 
 Equal to the plain action to fp32 rounding (tests/test_learned.py, tests/test_layered.py and the others compare
@@ -25,11 +26,21 @@ from ..core.canonical import Spec, layer_key, residual_role
 from ..core.symmetry import Transform, _permute_heads, kv_perm_of
 
 
-def block_diagonal(maps: Tensor) -> Tensor:
-    """(L, n, hd, hd) -> (L, n·hd, n·hd), map h of layer l on the diagonal: x_h -> x_h M_h as one product."""
-    n_layers, n, hd = maps.shape[0], maps.shape[1], maps.shape[-1]
-    eye = torch.eye(n, dtype=maps.dtype, device=maps.device)
-    return (maps[:, :, :, None, :] * eye[None, :, None, :, None]).reshape(n_layers, n * hd, n * hd)
+def heads_times(x: Tensor, maps: Tensor) -> Tensor:
+    """x_h -> x_h M_h for every head h on x's last axis, x (d_in, n·hd) or a bias (n·hd,); maps (n, hd, hd).
+
+    One batched product on views: the heads are rows of x^T, so (x M)^T = M^T x^T with x^T seen as (n, hd, d_in)
+    (splitting an axis is always a view, and cuBLAS reads either order of a batch's two axes)."""
+    n, hd = maps.shape[0], maps.shape[-1]
+    if x.dim() == 1:
+        return torch.bmm(x.view(n, 1, hd), maps).reshape(n * hd)
+    return torch.bmm(maps.transpose(-1, -2), x.T.unflatten(0, (n, hd))).flatten(0, 1).T
+
+
+def heads_left(maps: Tensor, x: Tensor) -> Tensor:
+    """x_h -> M_h x_h for every head h on x's first axis: x (n·hd, d_out) seen as (n, hd, d_out), one product."""
+    n, hd = maps.shape[0], maps.shape[-1]
+    return torch.bmm(maps, x.unflatten(0, (n, hd))).flatten(0, 1)
 
 
 def _layers(x: Tensor | None, n: int) -> list:
@@ -48,8 +59,8 @@ class Action:
     read: Tensor  # w G: a read x -> read^T x, a norm bias x -> x read
     write: Tensor  # w g r G
     gain: Tensor | None  # w g |G| (post-norm gains, a gain on the stream)
-    right: dict[str, list]  # q, k, v and their biases: per layer, the block-diagonal head map (biases: times w)
-    o_left: list  # per layer: the block-diagonal inverse OV map, o -> o_left @ o
+    right: dict[str, list]  # q, k, v and their biases: per layer, the (n, hd, hd) head maps (biases: times w)
+    o_left: list  # per layer: the (n, hd, hd) inverse OV maps, o_h -> o_left_h @ o_h
     up: list  # per layer: the GLU scale s (up), w s (up_bias), 1 / s (down rows)
     up_bias: list
     down: list
@@ -69,16 +80,14 @@ class Action:
         right, o_left = {}, [None] * n
         qk, ov = _stacked(t.qk_maps), _stacked(t.ov_maps)
         if qk is not None:
-            q = block_diagonal(qk if gs == 1 else torch.repeat_interleave(qk, gs, dim=1))
-            k = block_diagonal(torch.linalg.inv_ex(qk)[0].transpose(-1, -2))
+            q = qk if gs == 1 else torch.repeat_interleave(qk, gs, dim=1)
+            k = torch.linalg.inv_ex(qk)[0].transpose(-1, -2)
             right.update(q=_layers(cast(q), n), k=_layers(cast(k), n), q_bias=_layers(cast(q * weight), n),
                          k_bias=_layers(cast(k * weight), n))
         if ov is not None:
-            v = block_diagonal(ov)
             inverse = torch.linalg.inv_ex(ov)[0]
-            inverse = block_diagonal(inverse if gs == 1 else torch.repeat_interleave(inverse, gs, dim=1))
-            o_left = _layers(cast(inverse), n)
-            right.update(v=_layers(cast(v), n), v_bias=_layers(cast(v * weight), n))
+            o_left = _layers(cast(inverse if gs == 1 else torch.repeat_interleave(inverse, gs, dim=1)), n)
+            right.update(v=_layers(cast(ov), n), v_bias=_layers(cast(ov * weight), n))
         glu = _stacked(t.glu_scale)  # (elementwise: kept fp32, as the plain action multiplies)
         return Action(t, cast(rotation * weight), cast(rotation * (scale * weight)), gain, right, o_left,
                       _layers(glu, n), _layers(None if glu is None else glu * weight, n),
@@ -144,9 +153,9 @@ def layer_share(params: dict[str, Tensor], i: int, spec: Spec, act: Action) -> t
         bare = name.removeprefix("attn.").removeprefix("mlp.")
         maps = act.right.get(bare, [None] * spec.n_layers)[i]
         if maps is not None:
-            x = x @ maps
+            x = heads_times(x, maps)
         if name == "attn.o" and act.o_left[i] is not None:
-            x = act.o_left[i] @ x
+            x = heads_left(act.o_left[i], x)
         if name == "mlp.up" and act.up[i] is not None:
             x = x * act.up[i]
         elif name == "mlp.up_bias" and act.up_bias[i] is not None:

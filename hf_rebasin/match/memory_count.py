@@ -36,11 +36,14 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        # an output on an input's storage (a view, an in-place op) allocates nothing, even where that storage was
+        # made before the mode (the frozen endpoints, counted as held): never counted as the step's
+        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         for tensor in tree_flatten(out)[0]:
             if isinstance(tensor, torch.Tensor):
                 storage = tensor.untyped_storage()
                 key = storage._cdata  # the storage itself, shared by every view of it
-                if key not in self.live:
+                if key not in self.live and key not in inputs:
                     self.live[key] = storage.nbytes()
                     self.now += storage.nbytes()
                     self.peak = max(self.peak, self.now)

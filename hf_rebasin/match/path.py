@@ -137,8 +137,12 @@ class PathOfEnds(nn.Module):
 
 
 def stored(graph: Graph, dtype: torch.dtype | None) -> Graph:
-    """The graph with its floating-point tensors in `dtype` (unchanged when None)."""
-    if dtype is None:
-        return graph
-    return graph.replace({k: v.to(dtype) if v.is_floating_point() else v for k, v in graph.params.items()})
+    """The graph with its floating-point tensors in `dtype` (kept when None) and contiguous: the whole model and the
+    layered path (FrozenTensors) hold one layout, so that their head maps' batched products (action.py), whose CPU
+    rounding depends on the layout, give the same steps."""
+    def kept(v: Tensor) -> Tensor:  # one copy at most (`to` keeps a tensor of the same dtype as it is)
+        if not v.is_floating_point():
+            return v
+        return v.contiguous() if dtype in (None, v.dtype) else v.to(dtype, memory_format=torch.contiguous_format)
+    return graph.replace({k: kept(v) for k, v in graph.params.items()})
 
