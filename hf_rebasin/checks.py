@@ -14,12 +14,12 @@ from .sources.data_specs import check_spec_exists
 def check_request(models: list[str], options, *, out=None, force: bool = False, json_path=None,
                   push_to: str | None = None) -> None:
     """Raise a UserError for the first problem of the request (every option problem at once)."""
-    from .export.io import check_output_dir, check_output_file
+    from .export.ownership import check_output_dir, check_output_file
     options.check(len(models), export=out is not None)
     if out is not None:
-        check_output_dir(out, force=force, sources=tuple(models), probe=True)
+        check_output_dir(out, force=force, sources=tuple(models), data=data_specs(options), probe=True)
     if json_path is not None:
-        check_output_file(json_path, "--json")
+        check_output_file(json_path, "--json", sources=tuple(models), data=data_specs(options))
     if push_to is not None:
         from .hub.push import check_push_target
         check_push_target(push_to)
@@ -29,6 +29,25 @@ def check_request(models: list[str], options, *, out=None, force: bool = False, 
     for name, why in options.ignored(export=out is not None).items():
         if name in HARMLESS_WHEN_IGNORED:
             warnings.warn(f"{flags[name]} {why}: it is not used", RebasinWarning, stacklevel=2)
+
+
+def data_specs(options) -> tuple:
+    """The data specs of a request (local files and folders among them are never written to)."""
+    return (options.data, options.match_data, options.train_data)
+
+
+def check_output_places(models: list[str], options, task: str) -> None:
+    """The folders a run writes its own files into, when it does: --self-samples-dir (unless a cache is there
+    already), --checkpoint-dir (learned methods: Ctrl-C writes a checkpoint there)."""
+    from .export.ownership import check_output_place
+    from .match import METHODS
+    where = {"sources": tuple(models), "data": data_specs(options)}
+    samples = Path(options.self_samples_dir).expanduser()
+    if options.self_sampled(task) and not any(samples.glob("self-*.npy")):
+        check_output_place(samples, "--self-samples-dir", **where)
+    method = METHODS.get(options.method)
+    if method is not None and method.learned:
+        check_output_place(options.checkpoint_dir, "--checkpoint-dir", **where)
 
 
 def preflight(models: list[str], options) -> None:
@@ -58,6 +77,7 @@ def preflight(models: list[str], options) -> None:
                        ("--train-data", options.train_data)):
         if spec and (spec != SELF_DATA or flag == "--data"):
             check_spec_exists(spec, flag)
+    check_output_places(models, options, "image-classification" if backends == {"timm"} else "causal-lm")
     if backends == {"transformers"} and options.seq_len is not None:
         from transformers import AutoConfig
 
