@@ -18,13 +18,11 @@ FAST = ["--lambdas", "3", "--seq-len", "32", "--max-eval-tokens", "256", "--batc
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_dirs, tmp_path_factory):
-    """Two tiny GPT-NeoX models (B a copy the tests may write into) and held-out text, in their own folder."""
+def pair(tmp_path_factory):
+    """Two tiny GPT-NeoX models (only the kind needed: conftest's pair makes every kind)."""
     from hf_rebasin import tiny
     root = tmp_path_factory.mktemp("pair")
-    a = tiny_dirs["gpt_neox"]
-    b = tiny.make_tiny("gpt_neox", root / "model-b", seed=2)
-    return a, b
+    return tiny.make_tiny("gpt_neox", root / "model-a", seed=1), tiny.make_tiny("gpt_neox", root / "model-b", seed=2)
 
 
 @pytest.fixture(autouse=True)
@@ -168,22 +166,25 @@ def no_loading(monkeypatch):
     monkeypatch.setattr(models, "load", refuse)
 
 
-def test_unwritable_places_are_refused_before_the_work(capsys, pair, text_file, read_only, no_loading, tmp_path):
+@pytest.mark.parametrize("case", ["tokenize --out", "--self-samples-dir", "--checkpoint-dir"])
+def test_unwritable_places_are_refused_before_the_work(capsys, pair, text_file, read_only, no_loading, tmp_path,
+                                                       case):
     read_only.chmod(0o555)
-    refused(capsys, "tokenize", text_file, "--model", pair[0], "--out", read_only / "t.npy", naming="--out")
     lm = ["merge", pair[0], pair[1], "--data", text_file, "--method", "lm", "--steps", "2", *FAST,
           "--out", tmp_path / "out"]
-    refused(capsys, *lm, "--self-samples-dir", read_only / "ss", naming="--self-samples-dir")
-    refused(capsys, *lm, "--train-data", text_file, "--allow-train-on-eval", "--checkpoint-dir", read_only / "ck",
-            naming="--checkpoint-dir")
+    argv = {"tokenize --out": ["tokenize", text_file, "--model", pair[0], "--out", read_only / "t.npy"],
+            "--self-samples-dir": [*lm, "--self-samples-dir", read_only / "ss"],
+            "--checkpoint-dir": [*lm, "--train-data", text_file, "--allow-train-on-eval", "--checkpoint-dir",
+                                 read_only / "ck"]}[case]
+    refused(capsys, *argv, naming=case.split()[-1])
     assert list(read_only.iterdir()) == [] and not (tmp_path / "out").exists()
 
 
 @pytest.fixture
-def read_only_output(read_only, tiny_dirs):
+def read_only_output(read_only, pair):
     from hub_server import write_merge_output
     out = read_only / "prev"
-    shutil.copytree(tiny_dirs["gpt_neox"], out)
+    shutil.copytree(pair[0], out)
     write_merge_output(out)
     out.chmod(0o555)
     read_only.chmod(0o555)
@@ -220,14 +221,14 @@ def fake_outcome(label_scores: dict):
     return evaluate_source
 
 
-def test_second_eval_keeps_the_endpoint_columns(capsys, tmp_path, tiny_dirs, monkeypatch):
+def test_second_eval_keeps_the_endpoint_columns(capsys, tmp_path, pair, monkeypatch):
     """The scores themselves are lm-eval's (tests/test_evals.py); here only what eval.json keeps."""
     from hub_server import write_merge_output
 
     from hf_rebasin.hub import evals
     out = tmp_path / "merged"
-    shutil.copytree(tiny_dirs["gpt_neox"], out)
-    a, b = (shutil.copytree(tiny_dirs["gpt_neox"], tmp_path / name) for name in ("a", "b"))
+    shutil.copytree(pair[0], out)
+    a, b = (shutil.copytree(pair[0], tmp_path / name) for name in ("a", "b"))
     write_merge_output(out, models=[str(a), str(b)])
     monkeypatch.setattr(evals, "prepare_tasks", lambda tasks, paths: evals.TaskSet(evals.parse_task_names(tasks),
                                                                                      None))
@@ -257,13 +258,13 @@ def test_nothing_local_is_pushed(capsys, pair, text_file, tmp_path, hub, monkeyp
     assert run(capsys, *merge_args(pair, text_file, out))[0] == 0
     monkeypatch.setattr(evals, "prepare_tasks", lambda tasks, paths: evals.TaskSet(evals.parse_task_names(tasks),
                                                                                      None))
-    monkeypatch.setattr(evals, "evaluate_source", fake_outcome({"wm": 0.6, "gpt_neox": 0.7, "model-b": 0.8}))
+    monkeypatch.setattr(evals, "evaluate_source", fake_outcome({"wm": 0.6, "model-a": 0.7, "model-b": 0.8}))
     assert run(capsys, "eval", "out/wm", "--tasks", "piqa", "--endpoints")[0] == 0
     local = json.loads((out / "eval.json").read_text())
     assert local["models"]["A"] == str(pair[0]) and local["models"]["merged"] == "out/wm"  # the local record
     assert run(capsys, "push", "out/wm", "someuser/x")[0] == 0
     remote = hub.files("someuser/x")
-    assert json.loads(remote["eval.json"])["models"] == {"merged": "x", "A": "gpt_neox", "B": "model-b"}
+    assert json.loads(remote["eval.json"])["models"] == {"merged": "x", "A": "model-a", "B": "model-b"}
     assert MANIFEST not in remote and "eval.json" in remote
     for name, content in remote.items():
         for local_path in (str(tmp_path), str(pair[0].parent), str(pair[1].parent), str(Path.home()), "out/wm"):
@@ -274,10 +275,10 @@ def test_nothing_local_is_pushed(capsys, pair, text_file, tmp_path, hub, monkeyp
     assert run(capsys, *merge_args(pair, text_file, out, "--force"))[0] == 0  # so it is still all hf-rebasin's
 
 
-def test_a_local_path_in_any_uploaded_file_is_refused(capsys, tmp_path, tiny_dirs, hub):
+def test_a_local_path_in_any_uploaded_file_is_refused(capsys, tmp_path, pair, hub):
     from hub_server import write_merge_output
     out = tmp_path / "merged"
-    shutil.copytree(tiny_dirs["gpt_neox"], out)
+    shutil.copytree(pair[0], out)
     write_merge_output(out)
     (out / "notes.txt").write_text(f"trained in {tmp_path}/runs\n")
     refused(capsys, "push", out, "someuser/leak", naming="notes.txt names the local path")
@@ -286,11 +287,11 @@ def test_a_local_path_in_any_uploaded_file_is_refused(capsys, tmp_path, tiny_dir
 
 # --- push: no empty repo left behind, no false "nothing half-written" ---------------------------------
 
-def test_push_interrupted_after_creating_the_repo(capsys, tmp_path, tiny_dirs, hub, monkeypatch):
+def test_push_interrupted_after_creating_the_repo(capsys, tmp_path, pair, hub, monkeypatch):
     from hub_server import write_merge_output
     from huggingface_hub import HfApi
     out = tmp_path / "merged"
-    shutil.copytree(tiny_dirs["gpt_neox"], out)
+    shutil.copytree(pair[0], out)
     write_merge_output(out)
 
     real_upload, cut = HfApi.upload_folder, [True]
