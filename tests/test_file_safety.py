@@ -134,6 +134,31 @@ def test_out_never_inside_the_data(capsys, pair, text_file, tmp_path):
     assert sorted(p.name for p in data.iterdir()) == ["a.txt"] and not (pair[1] / "out").exists()
 
 
+WRITERS = {  # each writer, given the place it writes to
+    "merge --out": lambda pair, data, place: merge_args(pair, data, place / "out"),
+    "barrier --json": lambda pair, data, place: barrier_args(pair, data, "--json", place / "r.json"),
+    "tokenize --out": lambda pair, data, place: ["tokenize", data, "--model", pair[0], "--out", place / "t.npy"],
+    "--self-samples-dir": lambda pair, data, place: [*merge_args(pair, data, "out"), "--method", "lm",
+                                                     "--self-samples-dir", place / "ss"],
+    "--checkpoint-dir": lambda pair, data, place: [*merge_args(pair, data, "out"), "--method", "lm",
+                                                   "--train-data", data, "--allow-train-on-eval",
+                                                   "--checkpoint-dir", place / "ck"],
+}
+
+
+@pytest.mark.parametrize("writer", list(WRITERS))
+@pytest.mark.parametrize("target", ["source model", "data"])
+def test_no_writer_writes_into_a_source_model_or_the_data(capsys, pair, text_file, tmp_path, writer, target):
+    data = tmp_path / "texts"  # a --data folder
+    data.mkdir()
+    shutil.copy(text_file, data / "a.txt")
+    place = pair[0] if target == "source model" else data  # model A: a source of every writer
+    before = hashes(pair[0], data)
+    line = refused(capsys, *WRITERS[writer](pair, data, place), naming=target)
+    assert writer.split()[-1] in line
+    assert hashes(pair[0], data) == before and sorted(p.name for p in data.iterdir()) == ["a.txt"]
+
+
 # --- every place written is proven writable before the work (repro 5) --------------------------------
 
 @pytest.fixture
