@@ -205,6 +205,24 @@ def test_unwritable_places_are_refused_before_the_work(capsys, pair, text_file, 
     assert list(read_only.iterdir()) == [] and not (tmp_path / "out").exists()
 
 
+def test_a_read_only_sample_cache_is_refused_before_sampling(capsys, pair, text_file, read_only, tmp_path,
+                                                              monkeypatch):
+    """A cache folder that holds samples is let through the first checks (they may be reused); when they cannot
+    be, it is refused before anything is sampled."""
+    from hf_rebasin.sources import self_samples
+
+    def sample(*args, **kwargs):
+        raise AssertionError("sampled before the cache folder was checked")
+    monkeypatch.setattr(self_samples, "interleaved", sample)
+    (read_only / "self-0123456789abcdef.npy").write_bytes(b"of other settings")
+    read_only.chmod(0o555)
+    code, err = run(capsys, "merge", pair[0], pair[1], "--data", text_file, "--method", "lm", "--steps", "2", *FAST,
+                    "--out", tmp_path / "out", "--self-samples-dir", read_only)
+    last = err.strip().splitlines()[-1]  # after the note that the run trains on samples of the models
+    assert code == 2 and "Traceback" not in err and "--self-samples-dir" in last and "not writable" in last, err
+    assert [p.name for p in read_only.iterdir()] == ["self-0123456789abcdef.npy"]
+
+
 @pytest.fixture
 def read_only_output(read_only, pair):
     from hub_server import write_merge_output

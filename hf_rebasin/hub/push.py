@@ -79,11 +79,14 @@ def publishable_eval(out_dir: Path, model_name: str) -> str:
 
 
 def local_roots(out_dir: Path, report) -> list[str]:
-    """Absolute local places whose paths must not be published: the output, its parent, the working, home and
-    temporary folders and every local source model."""
-    places = {out_dir.resolve(), out_dir.resolve().parent, Path.cwd(), Path.home(), Path(tempfile.gettempdir())}
-    places |= {Path(m).expanduser().resolve() for m in report.models if Path(str(m)).expanduser().exists()}
-    return sorted({str(p) for p in places if len(p.parts) >= 2}, key=len, reverse=True)
+    """Absolute local places whose paths must not be published: the output, its parent and every local source
+    model; the working, home and temporary folders when at least two levels deep (a vocabulary may well hold a
+    token such as "/tmp" or "/root")."""
+    specific = {out_dir.resolve(), out_dir.resolve().parent}
+    specific |= {Path(m).expanduser().resolve() for m in report.models if Path(str(m)).expanduser().exists()}
+    generic = {Path.cwd().resolve(), Path.home().resolve(), Path(tempfile.gettempdir()).resolve()}
+    places = {p for p in specific if len(p.parts) >= 2} | {p for p in generic if len(p.parts) >= 3}
+    return sorted({str(p) for p in places}, key=len, reverse=True)
 
 
 def local_path_in(stage: Path, roots: list[str]) -> tuple[str, str] | None:

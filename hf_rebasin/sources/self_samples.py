@@ -184,7 +184,9 @@ def sampled_data(load_models, sampling: Sampling, tokenizer, folder: str | Path,
     meta = metadata_path(path)
     recorded = json.loads(meta.read_text()).get("sampling") if path.is_file() and meta.is_file() else None
     reused = recorded == expected and stored_tokens(path) == sampling.windows * sampling.seq_len
-    if not reused:
+    if not reused:  # a cache folder checked before the run only when it held no samples: proven writable here
+        from ..export.ownership import probe_folder
+        probe_folder(path.parent, "--self-samples-dir")
         record = {"source": "self", "sampling": expected, "models": list(names or [])}
         written = write_ids(interleaved(load_models(), sampling, device, progress), tokenizer, path, record,
                             tokenizer_name=(names or [""])[0])
