@@ -90,7 +90,8 @@ def tokenize(data, model, out, *, text_field: str = "text", split: str | None = 
     from .sources.token_files import metadata_path, write_token_file
     if max_tokens is not None and max_tokens < 1:
         raise UserError(f"--max-tokens must be at least 1, got {max_tokens}")
-    check_output_file(out, "--out", sources=(model,), data=(data,), force=force, ours=lambda path: False)
+    check_output_file(out, "--out", sources=(model,), data=(data,), force=force, ours=lambda path: False,
+                      make_parents=True)
     tokenizer = BACKENDS["transformers"].tokenizer(str(model))
     record = write_token_file(str(data), tokenizer, out, text_field=text_field, split=split, max_tokens=max_tokens,
                               tokenizer_name=str(model), progress=progress)

@@ -132,10 +132,10 @@ def is_report_file(path: Path) -> bool:
 
 
 def check_output_file(path: str | Path, flag: str, *, sources=(), data=(), force: bool | None = None,
-                      ours=is_report_file) -> None:
+                      ours=is_report_file, make_parents: bool = False) -> None:
     """Raise OutputError if the file `path` may not be written: a folder there, inside a source model or the data,
     an existing file that `ours` does not recognise as hf-rebasin's (force=True replaces it; force=None: the
-    command has no --force), or a missing or unwritable folder."""
+    command has no --force), or a missing (unless make_parents) or unwritable folder."""
     path = Path(path).expanduser()
     if path.is_dir():
         raise OutputError(f"{flag} {path} is a folder: give a file name (e.g. {path / 'barrier.json'})")
@@ -144,6 +144,8 @@ def check_output_file(path: str | Path, flag: str, *, sources=(), data=(), force
         fix = "pass --force to replace it or choose another name" if force is False else "choose another name"
         raise OutputError(f"{flag} {path} exists and is not a file hf-rebasin wrote: {fix}")
     parent = path.parent if str(path.parent) else Path(".")
+    if make_parents:
+        return probe_folder(parent, flag)
     if not parent.is_dir():
         raise OutputError(f"{flag} {path}: the folder {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
