@@ -31,6 +31,7 @@ LEGACY_NAMES = re.compile(r"(model|transforms)(-\d{5}-of-\d{5})?\.safetensors|(m
                           r"index\.json|barrier\.json|barrier\.png|README\.md|eval\.json|config\.json|"
                           r"generation_config\.json|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|"
                           r"vocab\.json|merges\.txt|tokenizer\.model|added_tokens\.json|chat_template\.jinja")
+MAX_REPORT_BYTES = 64 * 2**20
 LEFTOVER = re.compile(r"\..+\.(tmp|partial)")  # a temporary file of a killed write (atomic_write, ShardWriter)
 
 
@@ -125,6 +126,8 @@ def check_editable_dir(folder: str | Path, flag: str) -> None:
 def is_report_file(path: Path) -> bool:
     """Whether path holds a report hf-rebasin wrote (barrier.json's schema)."""
     try:
+        if path.stat().st_size > MAX_REPORT_BYTES:  # a report is kilobytes; never read a model's weights whole
+            return False
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
