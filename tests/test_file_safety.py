@@ -328,6 +328,27 @@ def test_a_local_path_in_any_uploaded_file_is_refused(capsys, tmp_path, pair, hu
     assert hub.repos == {}
 
 
+def test_a_runs_recipe_copy_is_published_without_local_paths(tmp_path, pair, hub):
+    import yaml
+    from hub_server import write_merge_output
+
+    from hf_rebasin.hub.push import push
+    out = tmp_path / "merged"
+    shutil.copytree(pair[0], out)
+    write_merge_output(out)
+    recipe = tmp_path / "recipes" / "tiny.yaml"
+    (out / "recipe.yaml").write_text(f"# the recipe this folder was made with: hf-rebasin run {recipe}\n"
+                                     f"# from {recipe}\n"
+                                     f"merge: {{models: [{pair[0]}, org/b], out: {out}}}\n"
+                                     f"eval: {{include_path: {tmp_path / 'tasks'}}}\n")
+    push(out, "someuser/recipe")
+    published = hub.files("someuser/recipe")["recipe.yaml"].decode()
+    assert str(tmp_path) not in published and str(pair[0].parent) not in published
+    assert yaml.safe_load(published) == {"merge": {"models": ["model-a", "org/b"], "out": "merged"},
+                                         "eval": {"include_path": "tasks"}}
+    assert published.startswith("# the recipe this folder was made with: hf-rebasin run tiny.yaml\n# from tiny.yaml")
+
+
 # --- push: no empty repo left behind, no false "nothing half-written" ---------------------------------
 
 def test_push_interrupted_after_creating_the_repo(capsys, tmp_path, pair, hub, monkeypatch):

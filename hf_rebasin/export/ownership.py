@@ -25,11 +25,11 @@ from .io import _staging_dir, atomic_write, staged_dir
 
 MANIFEST = ".hf-rebasin-manifest.json"
 MANIFEST_FORMAT = "hf-rebasin-output/1"
-# what a merge of an earlier version (no manifest) may hold: weights, transforms, report, plot, card, eval and the
-# companions copied from the first model (config, generation config, tokenizer files)
+# what a merge of an earlier version (no manifest) may hold: weights, transforms, report, plot, card, eval, a `run`'s
+# recipe copy and the companions copied from the first model (config, generation config, tokenizer files)
 LEGACY_NAMES = re.compile(r"(model|transforms)(-\d{5}-of-\d{5})?\.safetensors|(model|transforms)\.safetensors\."
                           r"index\.json|barrier\.json|barrier\.png|README\.md|eval\.json|config\.json|"
-                          r"generation_config\.json|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|"
+                          r"generation_config\.json|recipe\.yaml|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|"
                           r"vocab\.json|merges\.txt|tokenizer\.model|added_tokens\.json|chat_template\.jinja")
 MAX_REPORT_BYTES = 64 * 2**20
 LEFTOVER = re.compile(r"\..+\.(tmp|partial)")  # a temporary file of a killed write (atomic_write, ShardWriter)

@@ -18,6 +18,7 @@ from ..evaluation.report import read_report, report_text
 from ..export.io import atomic_write, linked_copy
 from ..export.ownership import MANIFEST, check_editable_dir, record_files
 from .cards import public_command, public_value, render_card
+from .recipes import RECIPE_COPY
 
 EVAL_FILE = "eval.json"
 TEXT_SUFFIXES = (".json", ".md", ".txt", ".jinja", ".yaml", ".yml")  # what is searched for local paths
@@ -76,6 +77,20 @@ def publishable_eval(out_dir: Path, model_name: str) -> str:
                             for label, source in models.items()}
     evaluation["settings"] = public_value(evaluation.get("settings") or {})
     return json.dumps(evaluation, indent=2) + "\n"
+
+
+def publishable_recipe(out_dir: Path) -> str:
+    """recipe.yaml (the recipe a `run` made the folder with) as it is published: local paths by their names."""
+    import yaml
+    text = (out_dir / RECIPE_COPY).read_text()
+    header = []
+    for line in text.splitlines():  # the comment lines on top: the command that ran it, the file it came from
+        if not line.startswith("#"):
+            break
+        header.append("# " + public_command(line[1:].strip()))
+    fields = public_value(yaml.safe_load(text) or {})
+    return "\n".join(header) + ("\n" if header else "") + yaml.safe_dump(fields, sort_keys=False,
+                                                                         allow_unicode=True)
 
 
 def local_roots(out_dir: Path, report) -> list[str]:
@@ -162,6 +177,8 @@ def push(out_dir: str | Path, repo_id: str, *, private: bool = False, revision: 
         atomic_write(stage / "barrier.json", publishable_report(out_dir))
         if (out_dir / EVAL_FILE).is_file():
             atomic_write(stage / EVAL_FILE, publishable_eval(out_dir, model_name))
+        if (out_dir / RECIPE_COPY).is_file():
+            atomic_write(stage / RECIPE_COPY, publishable_recipe(out_dir))
         leak = local_path_in(stage, local_roots(out_dir, report))
         if leak:
             raise UserError(f"{out_dir}/{leak[0]} names the local path {leak[1]}, which would be published: remove "
