@@ -23,7 +23,7 @@ from ..errors import OutputError
 from ..evaluation.report import REPORT_FILE, REQUIRED
 from .io import _staging_dir, atomic_write, staged_dir
 
-MANIFEST = ".hf-rebasin-manifest.json"
+MANIFEST = ".hf-rebasin.manifest.json"  # not STAGING_TAG (".hf-rebasin-"): a record, not staging
 MANIFEST_FORMAT = "hf-rebasin-output/1"
 # what a merge of an earlier version (no manifest) may hold: weights, transforms, report, plot, card, eval, a `run`'s
 # recipe copy and the companions copied from the first model (config, generation config, tokenizer files)
