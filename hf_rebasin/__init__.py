@@ -85,12 +85,13 @@ def tokenize(data, model, out, *, text_field: str = "text", split: str | None = 
     """Tokenise a text spec (as --data takes it) with the model's tokenizer into a token file `out` (.npy, read
     memory-mapped by --train-data); a datasets spec is read as a streaming split.  Returns what the file holds."""
     from .errors import UserError
+    from .export.ownership import check_output_file
     from .sources.backends import BACKENDS
     from .sources.token_files import metadata_path, write_token_file
     if max_tokens is not None and max_tokens < 1:
         raise UserError(f"--max-tokens must be at least 1, got {max_tokens}")
-    if Path(out).expanduser().exists() and not force:
-        raise UserError(f"{out} exists; pass --force to replace it")
+    check_output_file(out, "--out", sources=(model,), data=(data,), force=force, ours=lambda path: False,
+                      make_parents=True)
     tokenizer = BACKENDS["transformers"].tokenizer(str(model))
     record = write_token_file(str(data), tokenizer, out, text_field=text_field, split=split, max_tokens=max_tokens,
                               tokenizer_name=str(model), progress=progress)

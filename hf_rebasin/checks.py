@@ -15,12 +15,12 @@ from .sources.file_checks import check_data_has_text, check_local_models
 def check_request(models: list[str], options, *, out=None, force: bool = False, json_path=None,
                   push_to: str | None = None) -> None:
     """Raise a UserError for the first problem of the request (every option problem at once)."""
-    from .export.io import check_output_dir, check_output_file
+    from .export.ownership import check_output_dir, check_output_file
     options.check(len(models), export=out is not None)
     if out is not None:
-        check_output_dir(out, force=force, sources=tuple(models), probe=True)
+        check_output_dir(out, force=force, sources=tuple(models), data=data_specs(options), probe=True)
     if json_path is not None:
-        check_output_file(json_path, "--json")
+        check_output_file(json_path, "--json", sources=tuple(models), data=data_specs(options))
     if push_to is not None:
         from .hub.push import check_push_target
         check_push_target(push_to)
@@ -40,6 +40,25 @@ def sibling_folder(missing: str, models: list[str]) -> str | None:
         if other != missing and name and folder.is_dir() and (folder.parent / name / "config.json").is_file():
             return str(folder.parent / name)
     return None
+
+
+def data_specs(options) -> tuple:
+    """The data specs of a request (local files and folders among them are never written to)."""
+    return (options.data, options.match_data, options.train_data)
+
+
+def check_output_places(models: list[str], options, task: str) -> None:
+    """The folders a run writes its own files into, when it does: --self-samples-dir (unless a cache is there
+    already), --checkpoint-dir (learned methods: Ctrl-C writes a checkpoint there)."""
+    from .export.ownership import check_output_place
+    from .match import METHODS
+    where = {"sources": tuple(models), "data": data_specs(options)}
+    samples = Path(options.self_samples_dir).expanduser()
+    if options.self_sampled(task) and not any(samples.glob("self-*.npy")):
+        check_output_place(samples, "--self-samples-dir", **where)
+    method = METHODS.get(options.method)
+    if method is not None and method.learned:
+        check_output_place(options.checkpoint_dir, "--checkpoint-dir", **where)
 
 
 def preflight(models: list[str], options) -> None:
@@ -85,6 +104,7 @@ def preflight(models: list[str], options) -> None:
         from .options import DEFAULT_LM_DATA
         from .sources.data_specs import check_hub_dataset
         check_hub_dataset(DEFAULT_LM_DATA, "--data", default=True)
+    check_output_places(models, options, "image-classification" if backends == {"timm"} else "causal-lm")
     if backends == {"transformers"} and options.seq_len is not None:
         from .sources.eval_data import check_context
         positions = configs[0].get("max_position_embeddings") or configs[0].get("n_positions")

@@ -18,7 +18,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checks import check_request
+from .checks import check_request, data_specs
 from .core.canonical import interpolate
 from .core.symmetry import Transform, apply
 from .core.widths import embed
@@ -34,7 +34,8 @@ from .evaluation.barrier import (
 )
 from .evaluation.report import Report, report_text
 from .export.checkpoint import save
-from .export.io import ShardWriter, atomic_output_dir, atomic_write
+from .export.io import ShardWriter, atomic_write
+from .export.ownership import atomic_output_dir
 from .match import METHODS, Alignment, MatchContext
 from .match.alignment import DEFAULT_HOLDOUT
 from .options import DEFAULT_LM_DATA, SELF_DATA, SELF_SAMPLE_SHARE, MergeOptions
@@ -480,7 +481,7 @@ def transforms_tensors(transforms: list[Transform]) -> dict:
 def export(out: Path, force: bool, models: list[str], aligned, merged_at, alignment: Alignment, template: Loaded,
            report: Report, options: MergeOptions, names: list[str] | None = None) -> Path:
     from .hub.cards import write_card
-    with atomic_output_dir(out, force=force, sources=tuple(models)) as tmp:
+    with atomic_output_dir(out, force=force, sources=tuple(models), data=data_specs(options)) as tmp:
         start = time.perf_counter()
         save(interpolate(aligned, list(merged_at)), template, tmp, dtype=options.export_dtype(),
              max_shard_bytes=options.shard_bytes())

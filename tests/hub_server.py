@@ -26,6 +26,7 @@ USER = "someuser"
 REPO = r"(?P<repo>[^/]+/[^/]+)"
 ROUTES = [  # (name, method, pattern on the undecoded path)
     ("create", "POST", r"/api/repos/create"),
+    ("delete", "DELETE", r"/api/repos/delete"),
     ("whoami", "GET", r"/api/whoami-v2"),
     ("validate", "POST", r"/api/validate-yaml"),
     ("preupload", "POST", rf"/api/models/{REPO}/preupload/(?P<rev>[^/]+)"),
@@ -36,7 +37,7 @@ ROUTES = [  # (name, method, pattern on the undecoded path)
     ("resolve", "GET", rf"/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)"),
     ("resolve", "HEAD", rf"/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)"),
 ]
-WRITES = {"create", "preupload", "commit", "branch", "validate"}
+WRITES = {"create", "delete", "preupload", "commit", "branch", "validate"}
 
 
 def git_blob_sha(content: bytes) -> str:
@@ -142,6 +143,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.handle_request("POST")
 
+    def do_DELETE(self) -> None:
+        self.handle_request("DELETE")
+
     # --- plumbing -------------------------------------------------------------------------------
 
     def send(self, status: int, body: bytes | dict | list = b"", headers: dict | None = None) -> None:
@@ -212,6 +216,13 @@ class Handler(BaseHTTPRequestHandler):
                     "initial commit")
         self.hub.repos[repo_id] = repo
         self.send(200, {"url": url, "name": repo_id, "id": repo_id})
+
+    def route_delete(self) -> None:
+        payload = json.loads(self.body())
+        repo_id = f"{payload.get('organization') or USER}/{payload['name']}"
+        if self.hub.repos.pop(repo_id, None) is None:
+            return self.error(404, f"Repository {repo_id} not found", "RepoNotFound")
+        self.send(200, {})
 
     def route_whoami(self) -> None:
         self.send(200, {"type": "user", "name": USER, "auth": {"accessToken": {"role": "write"}}})

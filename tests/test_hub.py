@@ -132,11 +132,12 @@ def test_failed_upload_leaves_dir_intact_and_says_how_to_retry(hub, merge_dir, n
     with pytest.raises(UserError) as error:
         push(merge_dir, "someuser/flaky", commit_message="try it")
     message = str(error.value)
-    retry = f"hf-rebasin push {merge_dir} someuser/flaky --exist-ok --commit-message 'try it'"
+    retry = f"hf-rebasin push {merge_dir} someuser/flaky --commit-message 'try it'"
     assert "failed" in message and "500" in message and message.endswith(f"retry with: {retry}")
+    assert "someuser/flaky it had created was deleted" in message
     assert no_backoff_sleep, "the client should have retried the 500 before giving up"
     assert local_files(merge_dir) == before
-    assert set(hub.files("someuser/flaky")) == {".gitattributes"}
+    assert "someuser/flaky" not in hub.repos  # the empty repo it created is gone: the retry needs no --exist-ok
 
     hub.failures.clear()
     assert main(shlex.split(retry)[1:]) == 0  # the printed command works as given

@@ -14,6 +14,7 @@ import traceback
 import yaml
 
 from ..errors import UserError
+from ..export.ownership import record_files
 from ..hub import recipes
 from ..hub.recipe_checks import STEPS
 from ..hub.recipes import RECIPE_COPY, Recipe, shown
@@ -142,6 +143,7 @@ def write_recipe_copy(recipe: Recipe, args) -> None:
     header = f"# the recipe this folder was made with: {shell(args.argv)}\n# from {recipe.path}\n"
     partial.write_text(header + yaml.safe_dump(recipe.fields, sort_keys=False, allow_unicode=True))
     partial.replace(target)
+    record_files(recipe.out, [RECIPE_COPY])  # hf-rebasin's own: --force may replace it
 
 
 def compare_with_paper(recipe: Recipe) -> None:

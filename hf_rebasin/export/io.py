@@ -7,12 +7,10 @@
   moment the target holds either the whole old output or the whole new one.
 * ``edited_dir``: edit an existing folder (eval) through a hard-linked staging copy swapped in the same way;
   ``linked_copy``: such a copy that is only read (what push uploads) and then removed.
-* ``check_output_dir``: ``--force`` replaces only what hf-rebasin wrote: never ``.``, a parent of the current
-  folder, the home folder, the root, a source model's folder, or a non-empty folder without ``barrier.json``.
+* Where an output may go and what ``--force`` may replace: ownership.py.
 Output folders and files follow the umask, like any file the user makes."""
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import glob
 import json
@@ -24,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import OutputError
-from ..evaluation.report import REPORT_FILE
 
 if TYPE_CHECKING:
     import torch
@@ -146,15 +143,6 @@ def staged_dir(out: Path):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-@contextmanager
-def atomic_output_dir(out: str | Path, *, force: bool = False, sources: tuple = ()):
-    """staged_dir for an hf-rebasin output, after the --out/--force safety checks."""
-    out = Path(out).expanduser().absolute()
-    check_output_dir(out, force=force, sources=sources)
-    with staged_dir(out) as tmp:
-        yield tmp
-
-
 def _link_tree(folder: Path, stage: Path) -> None:
     for path in folder.rglob("*"):
         target = stage / path.relative_to(folder)
@@ -190,75 +178,6 @@ def edited_dir(folder: str | Path):
     with linked_copy(folder, "edit") as stage:
         yield stage
         replace_dir(stage, folder)
-
-
-# --- where an output may go ------------------------------------------------------------------------
-
-def _is_within(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
-def check_output_dir(out: str | Path, *, force: bool, sources: tuple = (), flag: str = "--out",
-                     probe: bool = False) -> None:
-    """Raise OutputError if `out` cannot receive an output folder; with force, if it is not ours to replace.
-    probe: prove it by making (and removing) the staging folder beside it, as the export will."""
-    out = Path(out).expanduser().resolve()
-    cwd, home = Path.cwd().resolve(), Path.home().resolve()
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"{flag} {out} is a file, not a folder: choose a folder name")
-    for source in sources:
-        local = Path(str(source)).expanduser()
-        if local.exists():
-            local = local.resolve()
-            if _is_within(out, local) or _is_within(local, out):
-                raise OutputError(f"{flag} {out} overlaps the source model folder {local}: choose a folder outside it")
-    if out.exists():
-        if _is_within(cwd, out) or out in (home, Path(out.anchor)):
-            raise OutputError(f"{flag} {out} is the current folder, one of its parents, the home folder or the root: "
-                              "hf-rebasin never replaces those; choose a new folder name")
-        empty = not any(out.iterdir())
-        if not force and not empty:
-            raise OutputError(f"{out} already exists; choose another {flag} or pass --force to replace it")
-        if force and not empty and not (out / REPORT_FILE).is_file():
-            raise OutputError(f"{out} exists and is not an hf-rebasin output (it has no {REPORT_FILE}): --force "
-                              f"replaces only an earlier merge; choose another {flag}")
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OutputError(f"{flag} {out}: {parent} is a file, so the folder cannot be made")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{flag} {out}: {parent} is not writable; choose a folder you can write to")
-    if probe:
-        probe_output_dir(out, flag)
-
-
-def probe_output_dir(out: Path, flag: str = "--out") -> None:
-    """Make the folders up to `out`'s parent and a staging folder in it, then remove what was made: a place where
-    no folder can be made (/proc, /sys, a read-only mount, a full disk) is refused before any work."""
-    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _staging_dir(out, "probe").rmdir()
-    except OSError as error:
-        raise OutputError(f"{flag} {out}: no folder can be made there ({error.strerror or error}); choose a folder "
-                          "you can write to") from None
-    finally:
-        for folder in made:  # deepest first
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-
-
-def check_output_file(path: str | Path, flag: str) -> None:
-    """Raise OutputError if a file cannot be written at path (a folder there, or a missing/unwritable parent)."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        raise OutputError(f"{flag} {path} is a folder: give a file name (e.g. {path / 'barrier.json'})")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"{flag} {path}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{flag} {path}: the folder {parent} is not writable")
 
 
 # --- sharded safetensors ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from unittest import mock
 from ..errors import UserError
 from ..evaluation.report import read_report
 from ..export.io import atomic_write, edited_dir
+from ..export.ownership import check_editable_dir, record_files
 from ..options import EvalOptions, resolve_device
 from ..requirements import installed_versions
 
@@ -303,6 +304,7 @@ def evaluate_merge(out_dir: str | Path, options: EvalOptions | None = None, *, a
     out_dir = Path(out_dir)
     report = read_merge_output(out_dir)
     check_task_data_reachable(options)  # before torch
+    check_editable_dir(out_dir, "DIR")  # eval.json is written into it through a copy staged beside it
     device = pick_device(options.device)
     batch_size = parse_batch_size(options.batch_size)
     models = {"merged": str(out_dir)}
@@ -327,9 +329,11 @@ def evaluate_merge(out_dir: str | Path, options: EvalOptions | None = None, *, a
                   "settings": {"batch_size": batch_size, "device": device, "include_path": options.include_path},
                   "versions": installed_versions(("lm-eval", "hf-rebasin", "torch", "transformers", "datasets")),
                   "timings": timings}
+    evaluation = with_earlier(evaluation, out_dir / EVAL_FILE, announce)
     with edited_dir(out_dir) as stage:
         atomic_write(stage / EVAL_FILE, json.dumps(evaluation, indent=2) + "\n")
         refresh_card(stage, out_dir.name)
+        record_files(stage, [name for name in (EVAL_FILE, "README.md") if (stage / name).is_file()])
     return evaluation
 
 
@@ -342,6 +346,32 @@ def check_task_data_reachable(options: EvalOptions) -> None:
         raise UserError(f"--tasks {options.tasks}: lm-eval reads the tasks' data from the Hub, {why}, and no "
                         "dataset is in the Hub or datasets cache: connect (or fill the cache), or pass --include-path "
                         "with task YAMLs whose data are local files")
+
+
+def with_earlier(evaluation: dict, path: Path, announce=print) -> dict:
+    """The new evaluation merged into the eval.json already there: models and tasks not evaluated now keep their
+    scores (an `eval --endpoints` then a plain `eval` keeps the endpoint columns); scores of another protocol
+    (--limit, few-shot) are not mixed in but replaced."""
+    try:
+        earlier = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        earlier = None
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("results"), dict):
+        return evaluation
+    protocol = ("limit", "num_fewshot")
+    if any(earlier.get(key) != evaluation[key] for key in protocol):
+        announce(f"hf-rebasin eval: the earlier {path.name} (limit {earlier.get('limit')}) is replaced: scores under "
+                 f"another --limit are not mixed")
+        return evaluation
+    merged = dict(evaluation)
+    for key in ("results", "samples"):
+        old = earlier.get(key) if isinstance(earlier.get(key), dict) else {}
+        merged[key] = {label: {**(old.get(label) or {}), **evaluation[key].get(label, {})}
+                       for label in [*old, *(k for k in evaluation[key] if k not in old)]}
+    merged["models"] = {**(earlier.get("models") or {}), **evaluation["models"]}
+    merged["tasks"] = list(dict.fromkeys([*(earlier.get("tasks") or []), *evaluation["tasks"]]))
+    merged["timings"] = {**(earlier.get("timings") or {}), **evaluation["timings"]}
+    return merged
 
 
 def refresh_card(out_dir: Path, model_name: str) -> None:

@@ -231,7 +231,9 @@ def sampled_data(load_model: Callable[[int], torch.nn.Module], sampling: Samplin
     recorded = json.loads(meta.read_text()).get("sampling") if path.is_file() and meta.is_file() else None
     reused = recorded == expected and stored_tokens(path) == sampling.windows * sampling.seq_len
     peak = None
-    if not reused:
+    if not reused:  # a cache folder checked before the run only when it held no samples: proven writable here
+        from ..export.ownership import probe_folder
+        probe_folder(path.parent, "--self-samples-dir")
         record = {"source": "self", "sampling": expected, "models": list(names or [])}
         path.parent.mkdir(parents=True, exist_ok=True)
         if torch.device(device).type == "cuda":
