@@ -64,7 +64,7 @@ from hf_rebasin.match.learned import autocast_dtype, learn  # noqa: E402
 from hf_rebasin.match.memory_plan import free_memory, plan_memory, step_shape  # noqa: E402
 from hf_rebasin.match.train_loop import make_optimizer  # noqa: E402
 from hf_rebasin.options import MergeOptions  # noqa: E402
-from hf_rebasin.pipeline import self_sample_windows  # noqa: E402
+from hf_rebasin.run_data import self_sample_windows  # noqa: E402
 from hf_rebasin.sources.eval_data import EvalData, default_seq_len  # noqa: E402
 from hf_rebasin.sources.self_samples import (  # noqa: E402
     SAMPLE_BATCH,
@@ -184,7 +184,7 @@ def sampling_rate(model, seq: int, vocab: int, device: str) -> dict:
 
 def default_self_tokens(seq: int) -> int:
     """Tokens `merge A B --method dual` samples at its defaults (both models together), as the pipeline draws
-    them (pipeline.self_sample_windows, chains of windows)."""
+    them (run_data.self_sample_windows, chains of windows)."""
     windows = self_sample_windows(MergeOptions(method="dual"), seq)
     sampling = Sampling(models=("a", "b"), vocabulary_digest="", windows=windows, seq_len=seq, temperature=1.0,
                         top_p=1.0, seed=0, start_token=0, vocab_size=2, **chain_settings())

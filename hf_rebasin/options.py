@@ -24,7 +24,7 @@ LAMBDA_DISTRIBUTIONS = ("uniform", "narrow")
 
 SELF_DATA = "self"  # --train-data / --match-data: sequences sampled from the models (sources/self_samples.py)
 # lm/dual on language models without --train-data or --match-data train on `self` (BENCHMARKS.md, "Soft targets" and
-# "self by default"); image models: --data split in halves (pipeline.training_data)
+# "self by default"); image models: --data split in halves (run_data.training_data)
 DEFAULT_LEARNED_DATA: str | None = SELF_DATA
 # `self` for lm/dual: an eighth of the windows the steps draw (each seen about 8 times) + the held-out ones; as close to
 # a full pass as measured (within 0.004 nats on three long-trained pairs) for an eighth of the sampling

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import shutil
-import sys
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from .checks import check_request, data_specs
 from .core.canonical import interpolate
 from .core.symmetry import Transform, apply
 from .core.widths import embed
-from .errors import IncompatibleModelsError, OptionError
+from .errors import IncompatibleModelsError
 from .evaluation.barrier import (
     evaluate,
     evaluate_points,
@@ -37,10 +35,16 @@ from .export.checkpoint import save
 from .export.io import ShardWriter, atomic_write
 from .export.ownership import atomic_output_dir
 from .match import METHODS, Alignment, MatchContext
-from .match.alignment import DEFAULT_HOLDOUT
-from .options import DEFAULT_LM_DATA, SELF_DATA, SELF_SAMPLE_SHARE, MergeOptions
+from .options import DEFAULT_LM_DATA, MergeOptions
 from .requirements import installed_versions
-from .sources.eval_data import EvalData, load_eval_data
+from .run_data import (
+    eval_data,
+    fitting_overlap,
+    matching_split,
+    self_samples,
+    training_data,
+)
+from .sources.eval_data import EvalData
 from .sources.models import (
     Loaded,
     PlainAverage,
@@ -50,7 +54,7 @@ from .sources.models import (
     instantiate,
     load,
 )
-from .sources.splits import data_digest, shared_examples, split_in_halves
+from .sources.splits import data_digest
 from .version import __version__
 
 
@@ -223,157 +227,6 @@ def held(aligned: list, out: str | Path | None, reserve: int = 0):
         yield [SpilledGraph(g, Path(folder) / f"model-{k}") if r else g
                for k, (g, r) in enumerate(zip(aligned, rotated))]
 
-
-def eval_data(spec: str | None, template: Loaded, options: MergeOptions, flag: str = "--data") -> EvalData:
-    if spec is None:
-        raise OptionError("--data is required for image models (an ImageFolder, an .npz or a Hub dataset)")
-    return load_eval_data(spec, template, seq_len=options.seq_len, max_tokens=options.max_eval_tokens,
-                          max_examples=options.max_eval_examples, text_field=options.text_field, flag=flag)
-
-
-def training_data(options: MergeOptions, template: Loaded, match_data: EvalData | None, data: EvalData,
-                  data_spec: str, samples: EvalData | None = None) -> tuple[EvalData, EvalData, list[str]]:
-    """(training data, evaluation data, notes) of a learned method: `samples` when it trains on sequences sampled
-    from the models (`self`: asked for, or language models without --train-data and --match-data), else
-    --train-data, else --match-data; --data itself (--train-data naming the --data set, or image models given
-    --data alone) is split into disjoint halves (split_in_halves: text by document, never window by window), or
-    trained on whole with --allow-train-on-eval.  Training data that shares examples with the evaluation data
-    (compared by content) is refused unless --allow-train-on-eval."""
-    notes = []
-    if samples is not None:
-        train = samples
-        if options.self_by_default(template.task):
-            notes.append(f"no --train-data: learned matching trained on {samples.info['tokens']:,} tokens sampled from "
-                         f"the models themselves ({SELF_DATA}, the default for language models)")
-    elif options.train_data and options.train_data != data_spec:
-        train = load_eval_data(options.train_data, template, seq_len=options.seq_len,
-                               max_tokens=options.max_train_tokens, max_examples=options.max_train_examples,
-                               text_field=options.text_field, flag="--train-data")
-    elif not options.train_data and match_data is not data:
-        train = match_data
-    elif options.allow_train_on_eval:
-        train = data
-    else:
-        if len(data.inputs) < 4:
-            raise OptionError(f"--method {options.method} training on --data splits it into training and evaluation "
-                              f"halves, and {len(data.inputs)} examples are too few: pass another --train-data")
-        train, data, how = split_in_halves(data, template, options.learn_seed)
-        given = "--train-data is the --data set" if options.train_data else "no --train-data"
-        notes.append(f"{given}: --data was split into disjoint halves ({how}); learned matching trained "
-                     f"on {len(train.inputs)} examples, the barrier is measured on the other {len(data.inputs)}")
-    shared = shared_examples(train, data)
-    if shared:
-        where = "--train-data" if options.train_data else "--match-data" if match_data is not data else "--data"
-        if not options.allow_train_on_eval:
-            raise OptionError(f"{shared} of the {len(train.inputs)} training examples ({where}) are also in the "
-                              f"evaluation data (--data), compared by content: the barrier would be in-sample. Pass "
-                              f"a disjoint --train-data, the --data spec itself as --train-data to split it into "
-                              f"halves, or --allow-train-on-eval to accept an in-sample barrier")
-        notes.append(f"learned matching trained on {shared} examples that are also evaluated (--allow-train-on-eval): "
-                     "the reported barrier is partly in-sample")
-    return train, data, notes
-
-
-def matching_split(options: MergeOptions, template: Loaded, data: EvalData) -> tuple[EvalData, EvalData, list[str]]:
-    """(matching data, evaluation data, notes) of activation matching given no other --match-data: --data split by
-    document as the learned methods split it (split_in_halves), never matched on the windows it is evaluated on."""
-    if len(data.inputs) < 4:
-        raise OptionError(f"--method {options.method} without --match-data matches on one half of --data and is "
-                          f"evaluated on the other, and {len(data.inputs)} examples are too few: pass --match-data")
-    match, data, how = split_in_halves(data, template, options.learn_seed)
-    return match, data, [f"no other --match-data: --data was split into disjoint halves ({how}); activation matching "
-                         f"used {len(match.inputs)} examples, the barrier is measured on the other {len(data.inputs)}"]
-
-
-def fitting_overlap(method, context: MatchContext, data: EvalData, options: MergeOptions) -> tuple[dict | None, list]:
-    """The n-gram overlap between what the method fits on and the evaluation data (sources.overlap), refused above
-    its limit before the matching starts unless --allow-overlap (or, for learned methods, --allow-train-on-eval)."""
-    from .sources.overlap import check_overlap
-    fit = context.train_data if method.learned else context.match_data if method.needs_data else None
-    if fit is None:
-        return None, []
-    fitted_on = ("the self samples" if options.self_sampled(data.task) else
-                 "--train-data" if method.learned and options.train_data else
-                 "--match-data" if options.match_data else "the other half of --data")
-    return check_overlap(fit, data, method=options.method, fitted_on=fitted_on,
-                         allow=options.allow_overlap or (method.learned and options.allow_train_on_eval),
-                         vocab_size=getattr(context.template.config, "vocab_size", None))
-
-
-def self_sample_windows(options: MergeOptions, seq_len: int) -> int:
-    """How many windows `self` samples: lm/dual an eighth of the windows their steps draw (--max-train-tokens: up
-    to all of them) and the held-out ones; activation matching its --am-batches batches of --batch-size."""
-    if not METHODS[options.method].learned:
-        return options.am_batches * options.batch_size
-    drawn = options.steps * options.learn_batch_size
-    held = DEFAULT_HOLDOUT if options.holdout is None else options.holdout
-    if options.max_train_tokens is None:
-        return -(-drawn // SELF_SAMPLE_SHARE) + held
-    return min(drawn + held, options.max_train_tokens // seq_len)
-
-
-def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, progress: bool,
-                 timings: dict) -> EvalData:
-    """`self` data: sequences sampled from every model (an equal share each), cached as a token file in
-    --self-samples-dir; timings["sample_s"] is the time it took (about nothing when the file is reused)."""
-    import torch
-
-    from .sources.eval_data import check_seq_len, default_seq_len
-    from .sources.self_samples import Sampling, chain_settings, sampled_data, start_token, weights_digest
-    from .sources.token_files import vocabulary_digest
-    start = time.perf_counter()
-    seq_len = options.seq_len or default_seq_len(template)
-    check_seq_len(seq_len, template)
-    learned = METHODS[options.method].learned
-    windows = self_sample_windows(options, seq_len)
-    if windows < len(loaded):
-        raise OptionError(f"{windows} sampled windows cannot give each of the {len(loaded)} models a share: raise "
-                          "--max-train-tokens")
-    if options.self_by_default(template.task) and progress:
-        print(f"hf-rebasin: no --train-data: --method {options.method} trains on {windows:,} windows of {seq_len} "
-              f"tokens sampled from the models themselves (--train-data {SELF_DATA}); pass --train-data for text of "
-              "your own",
-              file=sys.stderr, flush=True)
-    tokenizer = template.backend.tokenizer(template.folder)
-    device = options.resolved_device()
-    dtype = sampling_dtype(options, device)
-    sampling = Sampling(models=tuple(weights_digest(m.files.files) for m in loaded),
-                        vocabulary_digest=vocabulary_digest(tokenizer), windows=windows, seq_len=seq_len,
-                        temperature=options.self_temperature, top_p=options.self_top_p, seed=options.learn_seed,
-                        start_token=start_token(tokenizer), vocab_size=len(tokenizer), **chain_settings(),
-                        precision="bf16" if dtype == torch.bfloat16 else "fp32")
-    flag = "--train-data" if learned and options.train_data else "--match-data"
-    first = nullcontext()
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # accelerate launch: the main process samples, the others
-        from accelerate import PartialState  # read its file after it
-        first = PartialState(cpu=options.device == "cpu").main_process_first()  # as make_accelerator sets it
-    with first:
-        data = sampled_data(endpoint_loader(loaded, device, dtype), sampling, tokenizer,
-                            options.self_samples_dir, device=device, progress=progress, flag=flag,
-                            names=[m.source for m in loaded], memory_mapped=learned)
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()  # the models sampled from are gone
-    timings["sample_s"] = time.perf_counter() - start
-    return data
-
-
-def sampling_dtype(options: MergeOptions, device: str):
-    """The dtype `self` samples in: the learning precision (--learn-precision; auto: bf16 on CUDA, fp32 on CPU)."""
-    import torch
-
-    from .match.learned import autocast_dtype
-    return autocast_dtype(options, torch.device(device)) or torch.float32
-
-
-def endpoint_loader(loaded: list[Loaded], device: str, dtype):
-    """load(k): model k on `device` in `dtype` (loaded on the host, converted there, then moved: one model on the
-    device at a time, as long as the caller drops the one before)."""
-    def load(k: int):
-        return loaded[k].backend.load_model(loaded[k]).to(dtype=dtype).to(device)
-    return load
-
-
-# --- the lattice and the report -------------------------------------------------------------------
 
 def evaluation_points(n_models: int, options: MergeOptions) -> tuple[list[tuple[float, ...]], tuple[float, ...]]:
     """(the points evaluated, the merged point), as weight vectors over the models."""

@@ -17,7 +17,7 @@ from conftest import HF_REBASIN, short_dual
 
 from hf_rebasin.errors import OptionError
 from hf_rebasin.options import MergeOptions
-from hf_rebasin.pipeline import endpoint_loader, sampling_dtype
+from hf_rebasin.run_data import endpoint_loader, sampling_dtype
 from hf_rebasin.sources import models as sources
 from hf_rebasin.sources.self_samples import (
     CARRIED,
