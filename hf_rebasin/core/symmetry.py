@@ -100,12 +100,9 @@ def _permute_heads(x: Tensor, perm: Tensor, head_dim: int, dim: int) -> Tensor:
     return xh.index_select(dim, perm).reshape(shape)
 
 
-def transform_layer(params: dict[str, Tensor], i: int, spec: Spec, t: Transform,
-                    rotate: bool = True) -> dict[str, Tensor]:
-    """The tensors of layer i under t (head/FFN permutations, per-head maps, GLU scales and, unless
-    rotate=False, the residual rotation and scale).  Reads only layer i's keys of params."""
-    prefix = f"layers.{i}."
-    p = {k: v for k, v in params.items() if k.startswith(prefix)}
+def permute_layer_heads(p: dict[str, Tensor], i: int, spec: Spec, t: Transform) -> None:
+    """Layer i's attention tensors in `p` with t's head permutation, in place (the key/value heads of grouped-query
+    attention follow their query groups)."""
     hd, gs = spec.head_dim, spec.group_size
     key = lambda name: layer_key(i, name)
     perm = t.per_layer("head_perm", i)
@@ -119,6 +116,17 @@ def transform_layer(params: dict[str, Tensor], i: int, spec: Spec, t: Transform,
         if spec.qk_norm == "projection":  # a QK-norm gain per coordinate of the projection moves with its head
             for name, heads in (("q_norm", perm), ("k_norm", kv_perm)):
                 p[key(f"attn.{name}")] = _permute_heads(p[key(f"attn.{name}")], heads, hd, -1)
+
+
+def transform_layer(params: dict[str, Tensor], i: int, spec: Spec, t: Transform,
+                    rotate: bool = True) -> dict[str, Tensor]:
+    """The tensors of layer i under t (head/FFN permutations, per-head maps, GLU scales and, unless
+    rotate=False, the residual rotation and scale).  Reads only layer i's keys of params."""
+    prefix = f"layers.{i}."
+    p = {k: v for k, v in params.items() if k.startswith(prefix)}
+    hd, gs = spec.head_dim, spec.group_size
+    key = lambda name: layer_key(i, name)
+    permute_layer_heads(p, i, spec, t)
 
     # the maps are inverted by inv_ex: invertible by construction, and no error check that would make the host
     # wait for a GPU; the inverses are small fp32 matrices (CUDA has no bf16 linalg), applied by matmuls, which

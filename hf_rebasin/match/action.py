@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..core.canonical import Spec, layer_key, residual_role
-from ..core.symmetry import Transform, _permute_heads, kv_perm_of
+from ..core.symmetry import Transform, permute_layer_heads
 
 
 def heads_times(x: Tensor, maps: Tensor) -> Tensor:
@@ -96,19 +96,9 @@ class Action:
 
 def _permuted(params: dict[str, Tensor], i: int, spec: Spec, t: Transform) -> dict[str, Tensor]:
     """Layer i's tensors with the element's head and FFN permutations (core.symmetry.transform_layer's)."""
-    p, hd, gs = dict(params), spec.head_dim, spec.group_size
+    p = dict(params)
     key = lambda name: layer_key(i, name)
-    perm = t.per_layer("head_perm", i)
-    if perm is not None:
-        kv_perm = kv_perm_of(perm, gs)
-        for name, heads in (("q", perm), ("k", kv_perm), ("v", kv_perm)):
-            for suffix in ("", "_bias"):
-                if key(f"attn.{name}{suffix}") in p:
-                    p[key(f"attn.{name}{suffix}")] = _permute_heads(p[key(f"attn.{name}{suffix}")], heads, hd, -1)
-        p[key("attn.o")] = _permute_heads(p[key("attn.o")], perm, hd, 0)
-        if spec.qk_norm == "projection":
-            for name, heads in (("q_norm", perm), ("k_norm", kv_perm)):
-                p[key(f"attn.{name}")] = _permute_heads(p[key(f"attn.{name}")], heads, hd, -1)
+    permute_layer_heads(p, i, spec, t)
     fperm = t.per_layer("ffn_perm", i)
     if fperm is not None:
         for name in ("mlp.up", "mlp.up_bias", "mlp.gate", "mlp.gate_bias"):
