@@ -6,20 +6,15 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 from .errors import OptionError
 from .match import METHODS, MatchContext
 from .match.alignment import DEFAULT_HOLDOUT
 from .options import SELF_DATA, SELF_SAMPLE_SHARE, MergeOptions
 from .sources.eval_data import EvalData, load_eval_data
-from .sources.models import (
-    Loaded,
-)
+from .sources.models import Loaded
 from .sources.splits import shared_examples, split_in_halves
 
-
-@dataclass
 
 def eval_data(spec: str | None, template: Loaded, options: MergeOptions, flag: str = "--data") -> EvalData:
     if spec is None:
