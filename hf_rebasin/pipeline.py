@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -258,15 +259,19 @@ def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, dat
     if reference is not None:  # the endpoints are the same models (transforms are exact): only the inside points
         start = time.perf_counter()
         inside = [k for k in range(len(weights)) if k not in vertices]
-        with held(reference, None) as graphs:
-            found = evaluate_points(graphs, [weights[k] for k in inside], template, data, options.batch_size, device,
-                                    progress, desc="raw reference")
-        raw_losses = list(losses)
-        for k, result in zip(inside, found):
-            raw_losses[k] = result["loss"]
-        raw_excess, raw_worst = worst_excess(weights, raw_losses, endpoint_loss)
-        raw_barrier = raw_excess[raw_worst]
-        timings["raw_reference_s"] = time.perf_counter() - start
+        try:
+            with held(reference, None) as graphs:
+                found = evaluate_points(graphs, [weights[k] for k in inside], template, data, options.batch_size,
+                                        device, progress, desc="raw reference")
+        except IncompatibleModelsError as error:  # a reference only: the merge itself does not depend on it
+            print(f"hf-rebasin: no raw reference ({error})", file=sys.stderr, flush=True)
+        else:
+            raw_losses = list(losses)
+            for k, result in zip(inside, found):
+                raw_losses[k] = result["loss"]
+            raw_excess, raw_worst = worst_excess(weights, raw_losses, endpoint_loss)
+            raw_barrier = raw_excess[raw_worst]
+            timings["raw_reference_s"] = time.perf_counter() - start
     intervals = barrier_intervals(results, weights, vertices, data, template)
 
     metric = "perplexity" if data.task == "causal-lm" else "accuracy"

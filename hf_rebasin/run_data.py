@@ -8,6 +8,7 @@ import time
 from contextlib import nullcontext
 
 from .errors import OptionError
+from .export.ownership import probe_folder
 from .match import METHODS, MatchContext
 from .match.alignment import DEFAULT_HOLDOUT
 from .options import SELF_DATA, SELF_SAMPLE_SHARE, MergeOptions
@@ -142,7 +143,8 @@ def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, 
     with first:
         data = sampled_data(endpoint_loader(loaded, device, dtype), sampling, tokenizer,
                             options.self_samples_dir, device=device, progress=progress, flag=flag,
-                            names=[m.source for m in loaded], memory_mapped=learned)
+                            names=[m.source for m in loaded], memory_mapped=learned,
+                            check_writable=lambda folder: probe_folder(folder, "--self-samples-dir"))
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the models sampled from are gone
     timings["sample_s"] = time.perf_counter() - start

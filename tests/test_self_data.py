@@ -170,7 +170,7 @@ def test_self_samples_in_the_learning_precision():
     from unittest import mock
     assert sampling_dtype(MergeOptions(method="dual"), "cpu") == torch.float32
     assert sampling_dtype(MergeOptions(method="dual", learn_precision="bf16"), "cpu") == torch.bfloat16
-    with mock.patch("torch.cuda.is_bf16_supported", return_value=True):
+    with mock.patch("hf_rebasin.match.learned.bf16_supported", return_value=True):
         assert sampling_dtype(MergeOptions(method="dual"), "cuda:0") == torch.bfloat16
         assert sampling_dtype(MergeOptions(method="dual", learn_precision="fp32"), "cuda:0") == torch.float32
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..errors import ModelLoadError, UserError
 from ..requirements import import_optional
 from .file_checks import TOKENIZER_FILES, has_tokenizer_files
-from .hub_access import hub_unreachable, offline_variable
+from .hub_access import hub_cache, hub_unreachable, offline_variable
 
 if TYPE_CHECKING:
     import torch
@@ -79,7 +79,7 @@ def hub_config_file(repo_id: str) -> Path:
     local = "" if "/" in repo_id else "no such local folder, and "
     why = hub_unreachable()
     if why is not None:
-        cached = try_to_load_from_cache(repo_id, "config.json")
+        cached = try_to_load_from_cache(repo_id, "config.json", cache_dir=hub_cache())
         if isinstance(cached, str):
             return Path(cached)
         fix = ("unset it to download the repo" if offline_variable() else

@@ -221,10 +221,11 @@ def stored_tokens(path: Path) -> int | None:
 
 def sampled_data(load_model: Callable[[int], torch.nn.Module], sampling: Sampling, tokenizer, folder: str | Path, *,
                  device="cpu", progress: bool = True, flag: str = "--train-data", names: list[str] | None = None,
-                 memory_mapped: bool = True) -> EvalData:
+                 memory_mapped: bool = True, check_writable: Callable[[Path], None] | None = None) -> EvalData:
     """The windows sampled from the models `load_model(k)` returns (transformers causal LMs on `device`, one at a
     time; called only when there is something to sample), from the cache folder when a file with these settings is
-    there, else sampled and written there first.  info["peak_memory"]: the device's peak while sampling (CUDA)."""
+    there, else sampled and written there first (`check_writable(folder)` before).  info["peak_memory"]: the
+    device's peak while sampling (CUDA)."""
     path = Path(folder).expanduser() / f"self-{sampling.key()}.npy"
     expected = sampling.record()
     meta = metadata_path(path)
@@ -232,8 +233,8 @@ def sampled_data(load_model: Callable[[int], torch.nn.Module], sampling: Samplin
     reused = recorded == expected and stored_tokens(path) == sampling.windows * sampling.seq_len
     peak = None
     if not reused:  # a cache folder checked before the run only when it held no samples: proven writable here
-        from ..export.ownership import probe_folder
-        probe_folder(path.parent, "--self-samples-dir")
+        if check_writable is not None:
+            check_writable(path.parent)
         record = {"source": "self", "sampling": expected, "models": list(names or [])}
         path.parent.mkdir(parents=True, exist_ok=True)
         if torch.device(device).type == "cuda":
