@@ -1,0 +1,95 @@
+"""Figures that cannot go stale (issue 44, point 7): the demo's figures that README.md and BENCHMARKS.md quote are
+what `hf-rebasin demo` prints today, and every benchmark script the documents name is in the repository."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hf_rebasin.cli import main
+
+TOP = Path(__file__).resolve().parents[1]
+MARKER = "<!-- the demo's figures: tests/test_readme_figures.py reads this table -->"
+COLUMNS = ("barrier", "loss A", "loss B", "midpoint")
+DOCUMENTS = [TOP / "README.md", TOP / "BENCHMARKS.md", *sorted((TOP / "docs").glob("*.md"))]
+
+
+def quoted_demo_figures(path: Path) -> dict[str, tuple[tuple[float, int], ...]]:
+    """The rows of the table under MARKER: method -> ((value, decimals quoted), ...) in the order of COLUMNS."""
+    text = path.read_text()
+    assert text.count(MARKER) == 1, f"{path.name}: the demo's table is marked by {MARKER!r}, once"
+    rows = {}
+    for line in text.split(MARKER, 1)[1].lstrip("\n").splitlines():
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip(" *") for cell in line.strip().strip("|").split("|")]
+        if cells[0] in ("method", "") or set(cells[0]) <= set("-:"):
+            continue
+        assert len(cells) == 1 + len(COLUMNS), f"{path.name}: {line!r} is not method + {COLUMNS}"
+        rows[cells[0]] = tuple((float(c), len(c.partition(".")[2])) for c in cells[1:])
+    return rows
+
+
+def printed_demo_figures(printed: str) -> dict[str, tuple[float, ...]]:
+    """The summary table `hf-rebasin demo` prints last: method, barrier, loss A, loss B, midpoint."""
+    rows = {}
+    for line in printed.splitlines():
+        found = re.fullmatch(r"(\S+)((?:\s+-?\d+\.\d+){4})\s*", line)
+        if found:
+            rows[found.group(1)] = tuple(float(v) for v in found.group(2).split())
+    return rows
+
+
+@pytest.fixture(scope="module")
+def demo_printed(tmp_path_factory) -> str:
+    import contextlib
+    import io
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main(["demo", "--out", str(out)]) == 0
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("document", ["README.md", "BENCHMARKS.md"])
+def test_the_quoted_demo_figures_are_what_the_demo_prints(demo_printed, document):
+    printed = printed_demo_figures(demo_printed)
+    quoted = quoted_demo_figures(TOP / document)
+    assert set(printed) == {"raw", "wm"}, demo_printed
+    assert set(quoted) == set(printed), f"{document} quotes the demo's methods {sorted(quoted)}"
+    for method, values in quoted.items():
+        for column, (value, decimals), measured in zip(COLUMNS, values, printed[method]):
+            # the quote is the printed figure (4 decimals) rounded to the decimals quoted: half a unit of the
+            # quote's last place, plus half a unit of the printed one's
+            assert abs(measured - value) <= 0.5 * 10 ** -decimals + 0.5e-4, (
+                f"{document}: the demo's {method} {column} is quoted as {value}, `hf-rebasin demo` prints "
+                f"{measured}: update the table under {MARKER!r}")
+
+
+def named_paths(text: str) -> set[str]:
+    """Every `benchmarks/...` path a document names, with shell braces expanded ({a,b} -> a, b)."""
+    names = set()
+    for name in re.findall(r"benchmarks/[\w./{},*-]*\w", text):
+        expanded = [name]
+        while any("{" in n for n in expanded):
+            done = []
+            for n in expanded:
+                found = re.search(r"\{([^{}]*)\}", n)
+                done += [n[:found.start()] + part + n[found.end():] for part in found.group(1).split(",")] \
+                    if found else [n]
+            expanded = done
+        names |= set(expanded)
+    return names
+
+
+def test_named_paths_are_expanded():
+    assert named_paths("`benchmarks/logs/x-{a,b}.json` and benchmarks/pairs.py --x") == {
+        "benchmarks/logs/x-a.json", "benchmarks/logs/x-b.json", "benchmarks/pairs.py"}
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def test_every_benchmark_script_a_document_names_is_in_the_repository(document):
+    names = named_paths(document.read_text())
+    missing = sorted(n for n in names if not any(TOP.glob(n)) and not (TOP / n).exists())
+    assert not missing, f"{document.name} names benchmark files that are not in the repository: {missing}"
