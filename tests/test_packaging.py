@@ -150,15 +150,16 @@ def test_an_image_model_without_timm_names_the_extra(tmp_path, monkeypatch, caps
 
 
 def test_the_design_the_code_cites_is_in_the_repository():
-    """Every "docs/design.md §n" in the package, the tests and the README names a section of docs/design.md, and
-    nothing cites a design document outside the repository."""
+    """Every "docs/design.md §n" in the package, the tests, the README and the guides names a section of
+    docs/design.md, and nothing cites a design document outside the repository."""
     import re
 
     import hf_rebasin
     top = Path(hf_rebasin.__file__).parent.parent
     sections = set(re.findall(r"^## (\d+)\. ", (top / "docs" / "design.md").read_text(), flags=re.M))
     assert len(sections) >= 7
-    files = [*(top / "hf_rebasin").rglob("*.py"), *(top / "tests").glob("*.py"), top / "README.md"]
+    files = [*(top / "hf_rebasin").rglob("*.py"), *(top / "tests").glob("*.py"), top / "README.md",
+             *(path for path in (top / "docs").glob("*.md") if path.name != "design.md")]
     cited, outside = set(), []
     for path in files:
         text = path.read_text()

@@ -93,3 +93,32 @@ def test_every_benchmark_script_a_document_names_is_in_the_repository(document):
     names = named_paths(document.read_text())
     missing = sorted(n for n in names if not any(TOP.glob(n)) and not (TOP / n).exists())
     assert not missing, f"{document.name} names benchmark files that are not in the repository: {missing}"
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings (lower case, punctuation dropped, spaces as '-'; a repeated
+    heading gets -1, -2, ...)."""
+    found: set[str] = set()
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            slug = candidate = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            repeat = 0
+            while candidate in found:
+                repeat += 1
+                candidate = f"{slug}-{repeat}"
+            found.add(candidate)
+    return found
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def test_every_link_between_the_documents_reaches_a_file_and_heading(document):
+    broken = []
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", document.read_text()):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path = (document.parent / target).resolve() if target else document
+        if not path.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            broken.append(f"{target}#{anchor} (no such heading)")
+    assert not broken, f"{document.name}: {broken}"
