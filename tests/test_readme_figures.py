@@ -122,3 +122,13 @@ def test_every_link_between_the_documents_reaches_a_file_and_heading(document):
         elif anchor and path.suffix == ".md" and anchor not in anchors(path):
             broken.append(f"{target}#{anchor} (no such heading)")
     assert not broken, f"{document.name}: {broken}"
+
+
+def test_the_counts_of_bad_input_the_guide_quotes_are_the_tests():
+    import test_bad_input
+    text = (TOP / "docs" / "reliability.md").read_text()
+    values, flags = map(int, re.search(r"\*\*(\d+) out-of-range values over (\d+) flags\*\*", text).groups())
+    combinations = int(re.search(r"\*\*(\d+) listed invalid options and combinations\*\*", text).group(1))
+    cases = [case.values for case in test_bad_input.BAD_FLAG_CASES]
+    assert (values, flags) == (len(cases), len({case[3] for case in cases}))
+    assert combinations == len(test_bad_input.REFUSED_OPTIONS)
