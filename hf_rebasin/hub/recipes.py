@@ -271,8 +271,8 @@ def commands(recipe: Recipe, force: bool = False) -> dict[str, list[str]]:
 
 def launcher(recipe: Recipe) -> list[str]:
     """What runs the merge step's argv: [] (hf-rebasin itself, in this process), or `accelerate launch` over
-    launch.num_processes processes (the flags the README gives for one machine; `ACCELERATE_USE_CPU=true` runs them
-    on CPUs)."""
+    launch.num_processes processes (the flags docs/gpus-and-memory.md gives for one machine;
+    `ACCELERATE_USE_CPU=true` runs them on CPUs)."""
     n = num_processes(recipe.fields)
     if n == 1:
         return []
