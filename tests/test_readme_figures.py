@@ -132,3 +132,15 @@ def test_the_counts_of_bad_input_the_guide_quotes_are_the_tests():
     cases = [case.values for case in test_bad_input.BAD_FLAG_CASES]
     assert (values, flags) == (len(cases), len({case[3] for case in cases}))
     assert combinations == len(test_bad_input.REFUSED_OPTIONS)
+
+
+def test_every_figure_of_the_readmes_expectations_is_in_the_benchmarks():
+    """The README's "What to expect" table copies figures from BENCHMARKS.md (which gives each its command): a figure
+    changed or mistyped in one and not the other fails here."""
+    section = (TOP / "README.md").read_text().split("## What to expect", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert len(rows) >= 5, "the README's table of what to expect: one row per method"
+    benchmarks = (TOP / "BENCHMARKS.md").read_text()
+    figures = {figure for row in rows for figure in re.findall(r"(?<![\w.])\d+\.\d+(?!\d)", row)}
+    missing = sorted(f for f in figures if not re.search(rf"(?<![\d.]){re.escape(f)}(?!\d)", benchmarks))
+    assert not missing, f"README.md's table of what to expect quotes figures BENCHMARKS.md does not give: {missing}"
