@@ -83,6 +83,12 @@ class Adapter:
         """The config (transformers) or create_model arguments (timm) of a tiny variant."""
         raise NotImplementedError
 
+    def to_files(self, part: dict[str, Tensor], files) -> dict[str, Tensor]:
+        """A part of the exported state dict under the names its files get: what the class's own save_pretrained
+        writes (saved_names), or the layout of the source's files where a class has several (files: the source's
+        CheckpointFiles, its names)."""
+        return {self.saved_names.get(name, name): value for name, value in part.items()}
+
     # --- conversion, per part --------------------------------------------------------------------------
     def outside_to_canonical(self, read: StateReader, config, spec: Spec) -> dict[str, Tensor]:
         """Canonical tensors outside the layers: embed.*, head.*, final_norm.bias."""
