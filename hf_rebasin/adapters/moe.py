@@ -165,3 +165,33 @@ class SparseMoe:
         sd = super().layer_from_canonical(p, config, spec, i)
         sd.update(self.moe_from_canonical(p, spec, i))
         return sd
+
+    def module_parts(self, files):
+        """Files (per expert or fused) as parts of the class's state dict: a layer's experts stacked when its last
+        per-expert tensor has been read, every other tensor as it is (the router renamed to the class's block)."""
+        pattern = re.compile(r"model\.layers\.(\d+)\." + self.file_block + r"\.(experts\.(\d+)\.(\w+)\.weight|.*)")
+        g, u, dn = self.expert_files
+        counts: dict[int, set] = {}  # the experts each layer's files hold (names only: nothing is read)
+        for name in files:
+            match = pattern.fullmatch(name)
+            if match is not None and match.group(3) is not None:
+                counts.setdefault(int(match.group(1)), set()).add(int(match.group(3)))
+        pending: dict[int, dict] = {}
+        for name in files:
+            match = pattern.fullmatch(name)
+            if match is None:
+                yield {name: files[name]}
+                continue
+            i, pre = int(match.group(1)), f"model.layers.{match.group(1)}.{self.block}."
+            if match.group(3) is None:
+                yield {pre + match.group(2): files[name]}
+                continue
+            held = pending.setdefault(i, {})
+            held[(match.group(4), int(match.group(3)))] = files[name]
+            e = len(counts[i])
+            if len(held) == 3 * e and all((n, k) in held for n in (g, u, dn) for k in range(e)):
+                gate, up, down = (torch.stack([held[(n, k)] for k in range(e)]) for n in (g, u, dn))
+                yield {pre + FUSED[0]: torch.cat([gate, up], 1), pre + FUSED[1]: down}
+                del pending[i]
+        if pending:
+            raise ValueError(f"{self.architecture}: incomplete experts in the files of layers {sorted(pending)}")
