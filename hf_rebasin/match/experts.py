@@ -21,15 +21,21 @@ from ..errors import UnsupportedModelError
 from .linalg import assignment
 
 COSTS = ("units", "router", "gram")
-METHODS = ("raw", "wm", "wm-perm")  # the methods that align experts (the others would ignore them)
+# the methods that align experts: weight matching, and learned matching started from it with the expert
+# permutations and scales applied first (--init absorbed) and fixed; activation matching does not yet
+METHODS = ("raw", "wm", "wm-perm", "lm", "dual")
 
 
-def check_method(spec: Spec, method: str) -> None:
+def check_method(spec: Spec, method: str, init: str = "absorbed") -> None:
     """Refuse, by name, a method that does not align experts yet, for a mixture-of-experts model."""
     if spec.n_experts and method not in METHODS:
         raise UnsupportedModelError(
             f"--method {method} does not align mixture-of-experts models yet ({spec.architecture}, {spec.n_experts} "
-            f"experts per layer): use --method wm (experts assigned by their weights), wm-perm or raw")
+            f"experts per layer): use --method wm (experts assigned by their weights), lm, dual, wm-perm or raw")
+    if spec.n_experts and method in ("lm", "dual") and init != "absorbed":
+        raise UnsupportedModelError(
+            f"--method {method} --init {init} would train from weight matching's element with its expert "
+            f"permutations dropped ({spec.architecture}): use --init absorbed (the default) for mixtures of experts")
 
 
 def expert_tensors(p: dict, i: int, spec: Spec) -> tuple[Tensor, Tensor, Tensor]:
