@@ -5,11 +5,11 @@ copies of random MoE models.
 
 For each class and seed, a random model A (hidden 64, 2 layers, `--experts` experts of `--expert-dim` units, top-2)
 and a copy B: A under a random element of its group (residual rotation, heads, experts, units, GLU scales),
-plus Gaussian noise of `noise` times each tensor's RMS on every tensor of B.  With `--parts experts` only the expert part
-is disguised and each cost's assignment (match_experts) is run alone; with `whole`, full weight matching (wm, the
-library's defaults) with each cost.  The table gives the share of (layer, expert) pairs whose expert came back to
-its own (the disguise's inverse), the share of units that did, and the time of matching.  At noise 0 every
-cost is expected to be exact; the noise is what separates them.
+plus Gaussian noise of `noise` times each tensor's RMS on every tensor of B.  With `--parts experts` only the
+expert part is disguised and each cost's assignment (match_experts) is run alone; with `whole`, full weight
+matching (wm, the library's defaults) with each cost.  The table gives the share of (layer, expert) pairs whose
+expert came back to its own (the disguise's inverse), the share of units that did, and the time of matching.  At
+noise 0 every cost is expected to be exact; the noise is what separates them.
 """
 from __future__ import annotations
 
