@@ -165,9 +165,12 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
               reserve=export_bytes) as aligned:
         report = evaluate_report(names, aligned, alignment, template, data, data_spec, options, timings, progress,
                                  command or equivalent_command(names, options, out), reference)
+        _, merged_at = evaluation_points(len(models), options)
+        if template.spec.n_experts and len(aligned) == 2 and template.task == "causal-lm":
+            from .evaluation.routing import routing_report
+            report.routing = routing_report(aligned, template, data, merged_at)
         result = MergeResult(report, alignment.transforms)
         if out is not None:
-            _, merged_at = evaluation_points(len(models), options)
             result.out = export(Path(out), force, models, aligned, merged_at, alignment, template, report, options,
                                 names)
     if json_path is not None:

@@ -177,3 +177,25 @@ def test_refusals_by_name(tiny_dirs, tmp_path, text_file, capsys):
                      *checks.data_args("qwen2_moe", text_file, None), *extra])
         assert code != 0 and not (tmp_path / "r.json").exists()
         assert words in capsys.readouterr().err
+
+
+def test_routing_report_of_a_merged_disguised_copy(tiny_dirs, tmp_path, text_file):
+    """barrier.json and the card report the merged model's routing; a disguised copy aligned by wm routes every
+    token to the same experts all along the path, and the raw average (experts unaligned) does not."""
+    kind = "qwen2_moe"
+    twin = checks.disguise(tiny_dirs[kind], tmp_path / "twin", seed=13)
+    assert main(["merge", str(tiny_dirs[kind]), str(twin), "--method", "wm", "--out", str(tmp_path / "m"),
+                 "--lambdas", "3", *checks.data_args(kind, text_file, None)]) == 0
+    routing = json.loads((tmp_path / "m" / "barrier.json").read_text())["routing"]
+    assert (routing["experts"], routing["top_k"], routing["merged_weights"]) == (4, 2, [0.5, 0.5])
+    assert routing["top_k_changed"] == {"merged_vs_A": [0.0, 0.0], "merged_vs_B": [0.0, 0.0]}
+    assert routing["load"]["merged"] == routing["load"]["A"] == routing["load"]["B"]
+    assert all(sum(layer) == pytest.approx(1.0, abs=1e-3) for layer in routing["load"]["A"])
+    assert "Routing at the merged point" in (tmp_path / "m" / "README.md").read_text()
+    from hf_rebasin.evaluation.routing import routing_report
+    from hf_rebasin.sources.eval_data import EvalData
+    a, b = (models.load(f) for f in (tiny_dirs[kind], twin))
+    x = tiny.example_inputs(kind, batch=4, seq=16)
+    graphs = [models.canonicalise(a), models.canonicalise(b)]
+    unaligned = routing_report(graphs, a, EvalData("causal-lm", x), (0.5, 0.5))
+    assert max(unaligned["top_k_changed"]["merged_vs_A"]) > 0.1
