@@ -181,7 +181,7 @@ def test_refusals_by_name(tiny_dirs, tmp_path, text_file, capsys):
 
 def test_routing_report_of_a_merged_disguised_copy(tiny_dirs, tmp_path, text_file):
     """barrier.json and the card report the merged model's routing; a disguised copy aligned by wm routes every
-    token to the same experts all along the path, and the raw average (experts unaligned) does not."""
+    token to the same experts all along the path, and the average of the unaligned canonical forms does not."""
     kind = "qwen2_moe"
     twin = checks.disguise(tiny_dirs[kind], tmp_path / "twin", seed=13)
     assert main(["merge", str(tiny_dirs[kind]), str(twin), "--method", "wm", "--out", str(tmp_path / "m"),
