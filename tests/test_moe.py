@@ -155,6 +155,10 @@ def test_refusals_by_name(tiny_dirs, tmp_path, text_file, capsys):
         with pytest.raises(UnsupportedModelError, match=words):
             loaded = models.load(_with_config(qwen, tmp_path, words.split("=")[0].replace(" ", "-"), **changes))
             loaded.adapter.spec(loaded.config)
+    from hf_rebasin.adapters import get_adapter
+    for name, words in (("DeepseekV3ForCausalLM", "grouped top-k routing"), ("PhimoeForCausalLM", "SparseMixer")):
+        with pytest.raises(UnsupportedModelError, match=f"{name} is not supported: .*{words}"):
+            get_adapter(name)
     # more experts in one model than in the other: refused, naming the field
     more = tiny.make_tiny("qwen2_moe", tmp_path / "more", seed=2)
     bigger = tmp_path / "eight"
