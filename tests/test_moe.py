@@ -203,3 +203,21 @@ def test_routing_report_of_a_merged_disguised_copy(tiny_dirs, tmp_path, text_fil
     graphs = [models.canonicalise(a), models.canonicalise(b)]
     unaligned = routing_report(graphs, a, EvalData("causal-lm", x), (0.5, 0.5))
     assert max(unaligned["top_k_changed"]["merged_vs_A"]) > 0.1
+
+
+def test_unmatched_experts_ablation_leaves_a_barrier(tiny_dirs):
+    """expert_cost="none" (experts kept in their stored order, units matched between namesakes) cannot undo an
+    expert permutation: the midpoint of wm's path is another function; with the default cost it is the model."""
+    from hf_rebasin.core.canonical import interpolate
+    from hf_rebasin.match.weight import weight_matching
+    kind = "mixtral_moe"
+    source = models.load(tiny_dirs[kind])
+    graph = models.canonicalise(source).materialise()
+    twin = symmetry.apply(graph, symmetry.random_transform(graph.spec, seed=13, scale=1.0))
+    x = tiny.example_inputs(kind, seed=6)
+    diffs = {}
+    for cost in ("units", "none"):
+        t_a, t_b = weight_matching(graph, twin, progress=False, expert_cost=cost).transforms
+        middle = interpolate([symmetry.apply(graph, t_a), symmetry.apply(twin, t_b)], [0.5, 0.5])
+        diffs[cost] = checks.max_diff(source.model, models.instantiate(middle, source), x)
+    assert diffs["units"] <= 1e-4 and diffs["none"] > 0.1, diffs

@@ -20,7 +20,7 @@ from ..core.canonical import Spec, layer_key
 from ..errors import UnsupportedModelError
 from .linalg import assignment
 
-COSTS = ("units", "router", "gram")
+COSTS = ("units", "router", "gram")  # ("none": the unmatched-experts ablation, experts kept in stored order)
 # the methods that align experts: weight matching, and learned matching started from it with the expert
 # permutations and scales applied first (--init absorbed) and fixed; activation matching does not yet
 METHODS = ("raw", "wm", "wm-perm", "lm", "dual")
@@ -87,7 +87,10 @@ def expert_costs(pa: dict, pb: dict, i: int, spec: Spec, cost: str) -> Tensor:
 def match_experts(pa: dict, pb: dict, i: int, spec: Spec, cost: str = "units") -> tuple[Tensor, Tensor]:
     """(expert_perm (E,), expert_unit_perm (E, F)) taking B's layer i onto A's: the experts by an exact assignment on
     the cost, then the units inside every matched pair."""
-    expert_perm = assignment(expert_costs(pa, pb, i, spec, cost))
+    if cost == "none":  # the ablation: experts left in their stored order, units matched between namesakes
+        expert_perm = torch.arange(spec.n_experts)
+    else:
+        expert_perm = assignment(expert_costs(pa, pb, i, spec, cost))
     a, b = expert_tensors(pa, i, spec), _balanced(pb, i, spec)
     units = torch.stack([assignment(unit_scores(a, b, ea, int(expert_perm[ea]))) for ea in range(spec.n_experts)])
     return expert_perm, units
