@@ -189,7 +189,7 @@ def test_routing_report_of_a_merged_disguised_copy(tiny_dirs, tmp_path, text_fil
     kind = "qwen2_moe"
     twin = checks.disguise(tiny_dirs[kind], tmp_path / "twin", seed=13)
     assert main(["merge", str(tiny_dirs[kind]), str(twin), "--method", "wm", "--out", str(tmp_path / "m"),
-                 "--lambdas", "3", *checks.data_args(kind, text_file, None)]) == 0
+                 "--lambdas", "3", *checks.data_args(kind, text_file, None), "--max-eval-tokens", "512"]) == 0
     routing = json.loads((tmp_path / "m" / "barrier.json").read_text())["routing"]
     assert (routing["experts"], routing["top_k"], routing["merged_weights"]) == (4, 2, [0.5, 0.5])
     assert routing["top_k_changed"] == {"merged_vs_A": [0.0, 0.0], "merged_vs_B": [0.0, 0.0]}
