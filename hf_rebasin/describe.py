@@ -32,6 +32,8 @@ def describe(source: str) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
         "d_model": spec.d_model, "layers": spec.n_layers, "heads": spec.n_heads, "kv_heads": spec.n_kv_heads,
         "head_dim": spec.head_dim, "ffn_dim": spec.ffn_dim, "glu": spec.glu,
+        **({"experts_per_layer": spec.n_experts, "expert_dim": spec.expert_dim, "top_k": spec.top_k,
+            "shared_experts": int(spec.shared_expert)} if spec.n_experts else {}),
         ("vocab_size" if spec.token_embedding else "num_classes"): spec.n_out,
         "rotary_dims": spec.rotary_dims, "norm_eps": adapter.norm_eps(config),
         "context_length": adapter.context_length(config),

@@ -36,6 +36,7 @@ from .export.checkpoint import save
 from .export.io import ShardWriter, atomic_write
 from .export.ownership import atomic_output_dir
 from .match import METHODS, Alignment, MatchContext
+from .match.experts import check_method as check_expert_method
 from .options import DEFAULT_LM_DATA, MergeOptions
 from .requirements import installed_versions
 from .run_data import (
@@ -89,6 +90,7 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     narrower = [k for k, other in enumerate(loaded[1:], start=1) if embeddable(loaded[0], other)]
     for k, other in enumerate(loaded[1:], start=1):
         check_compatible(loaded[0], other, shapes=k not in narrower)
+    check_expert_method(loaded[0].spec, options.method, getattr(options, "init", "absorbed"))
     memory_plan = None
     if METHODS[options.method].learned:  # before any weight is read: a run that cannot fit stops here
         from .match.memory_plan import plan_run
@@ -163,9 +165,12 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
               reserve=export_bytes) as aligned:
         report = evaluate_report(names, aligned, alignment, template, data, data_spec, options, timings, progress,
                                  command or equivalent_command(names, options, out), reference)
+        _, merged_at = evaluation_points(len(models), options)
+        if template.spec.n_experts and len(aligned) == 2 and template.task == "causal-lm":
+            from .evaluation.routing import routing_report
+            report.routing = routing_report(aligned, template, data, merged_at)
         result = MergeResult(report, alignment.transforms)
         if out is not None:
-            _, merged_at = evaluation_points(len(models), options)
             result.out = export(Path(out), force, models, aligned, merged_at, alignment, template, report, options,
                                 names)
     if json_path is not None:

@@ -28,7 +28,8 @@ def random_group_element_preserves_function(source, kind):
     t = symmetry.random_transform(graph.spec, seed=7)
     moved = symmetry.apply(graph, t)
     # the element really moves the weights (else the test could not fail)
-    for key in ("layers.0.attn.q", "layers.1.mlp.down", "head.weight"):
+    ffn = ("layers.1.moe.down", "layers.1.moe.router") if graph.spec.n_experts else ("layers.1.mlp.down",)
+    for key in ("layers.0.attn.q", *ffn, "head.weight"):
         assert (moved.params[key] - graph.params[key]).abs().max() > 0.1
     x = tiny.example_inputs(kind, seed=3)
     # g != 1 is exact because the exported norm eps is rescaled by g^2; classes with a fixed eps get g = 1

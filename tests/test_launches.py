@@ -29,7 +29,8 @@ def test_the_folded_action_is_the_plain_action(kind, tiny_dirs, tmp_path):
     factor, w = torch.tensor(0.8), 0.35
     point = combine([({}, a.params), graph_share(b, Action.of(t, w, factor, b.spec))], [1 - w, w], factor)
     moved = symmetry.apply(b, symmetry.Transform(t.rotation, float(t.scale), t.head_perm, t.qk_maps, t.ov_maps,
-                                                 t.ffn_perm, t.glu_scale))
+                                                 t.ffn_perm, t.glu_scale, t.expert_perm, t.expert_unit_perm,
+                                                 t.expert_glu_scale))
     expected = interpolate([a, moved], [1 - w, w]).params
     assert point.keys() == expected.keys()
     for key, value in expected.items():

@@ -45,6 +45,7 @@ def ends_for(mode: str, spec) -> dict[str, SymmetryParams]:
         t = symmetry.random_transform(spec, seed=seed)
         if not permutations:
             t.head_perm, t.ffn_perm = [None] * spec.n_layers, [None] * spec.n_layers
+            t.expert_perm, t.expert_unit_perm = [None] * spec.n_layers, [None] * spec.n_layers
         return SymmetryParams(spec, t)
     if mode == "lm":
         return {"1": element(3)}

@@ -231,7 +231,7 @@ def test_interrupt_leaves_nothing_half_written(tiny_dirs, tmp_path, text_file, m
     assert list(tmp_path.iterdir()) == []  # neither DIR nor its temporary sibling
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "vit"])
+@pytest.mark.parametrize("kind", ["gpt2", "vit", "mixtral_moe"])
 def test_three_way_merge_of_disguised_copies(kind, tiny_dirs, tmp_path, text_file, image_file):
     original = tiny_dirs[kind]
     twins = [disguise(original, tmp_path / f"twin{s}", seed=s) for s in (31, 32)]

@@ -14,7 +14,8 @@ from hf_rebasin.match.weight import weight_matching
 from hf_rebasin.sources import models
 
 KINDS = tiny.kinds()
-WIDTH_KEYS = ("hidden_size", "n_embd", "embed_dim", "intermediate_size", "n_inner")  # halved (GPT-2, ViT: FFN follows)
+WIDTH_KEYS = ("hidden_size", "n_embd", "embed_dim", "intermediate_size", "n_inner",  # halved (GPT-2, ViT: FFN follows)
+              "moe_intermediate_size", "shared_expert_intermediate_size")
 HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")  # halved where even, so that head_dim stays
 
 
@@ -119,12 +120,12 @@ def test_narrow_model_embeds_exactly(make, kind):
 
 
 def refused_by_name(narrow, wide) -> bool:
-    """Families with kept norm gains (post-norms, QK-norm) have no exact embedding here: refused, naming the class
-    and the reason, before any tensor is read."""
+    """Families with kept norm gains (post-norms, QK-norm) and mixtures of experts have no exact embedding here:
+    refused, naming the class and the reason, before any tensor is read."""
     why = widths.no_exact_embedding(wide.spec)
     if why is None:
         return False
-    assert wide.spec.architecture in why and "gain" in why
+    assert wide.spec.architecture in why and ("mixture of experts" if wide.spec.n_experts else "gain") in why
     assert widths.can_embed(narrow.spec, wide.spec) == why
     with pytest.raises(UnsupportedModelError, match=wide.spec.architecture):
         widths.embed(Graph(narrow.spec, {}, 1e-5), wide.spec)

@@ -21,6 +21,13 @@ discover()
 # Classes users will try, with the reason no exact alignment exists for them.
 UNSUPPORTED: dict[str, str] = {
     "Olmo3ForCausalLM": "OLMo-3 uses QK-norm and post-norm like OLMo-2 and sliding-window layers; not yet adapted",
+    # mixtures of experts whose routing or layers the MoE adapters (adapters/moe.py) do not compute
+    "DeepseekV2ForCausalLM": "grouped top-k routing (n_group/topk_group) and multi-head latent attention; not adapted",
+    "DeepseekV3ForCausalLM": "grouped top-k routing with sigmoid scores and a selection bias, and multi-head latent "
+                             "attention; not adapted",
+    "PhimoeForCausalLM": "SparseMixer routing (its second expert chosen from a masked, jittered score); not adapted",
+    "GptOssForCausalLM": "a router with a bias, experts with biases and a clamped SwiGLU, attention sinks; not adapted",
+    "JambaForCausalLM": "Mamba layers between the attention layers; not adapted",
 }
 
 

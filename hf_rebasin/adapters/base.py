@@ -8,6 +8,7 @@ variants the tests build.  Adapters register themselves (``@register``); adding 
 adding one file to this folder."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -82,6 +83,18 @@ class Adapter:
     def tiny_config(self, variant: str):
         """The config (transformers) or create_model arguments (timm) of a tiny variant."""
         raise NotImplementedError
+
+    def to_files(self, part: dict[str, Tensor], files) -> dict[str, Tensor]:
+        """A part of the exported state dict under the names its files get: what the class's own save_pretrained
+        writes (saved_names), or the layout of the source's files where a class has several (files: the source's
+        CheckpointFiles, its names)."""
+        return {self.saved_names.get(name, name): value for name, value in part.items()}
+
+    def module_parts(self, files) -> Iterator[dict[str, Tensor]]:
+        """Checkpoint files' tensors (a mapping read on demand) as parts of the class's state dict: one tensor at a
+        time under its name, where the files use the class's names."""
+        for name in files:
+            yield {name: files[name]}
 
     # --- conversion, per part --------------------------------------------------------------------------
     def outside_to_canonical(self, read: StateReader, config, spec: Spec) -> dict[str, Tensor]:

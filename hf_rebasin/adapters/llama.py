@@ -13,10 +13,10 @@ WRITES = {"attn.o": "self_attn.o_proj", "mlp.down": "mlp.down_proj"}
 NORM_BEFORE = {"attn": "input_layernorm", "mlp": "post_attention_layernorm"}
 
 
-def linears_from_canonical(p: dict, i: int, pre: str) -> dict:
+def linears_from_canonical(p: dict, i: int, pre: str, projections: dict = PROJECTIONS, writes: dict = WRITES) -> dict:
     """The q/k/v/o and up/gate/down nn.Linear weights (and biases) of layer i, from canonical row-vector form."""
     sd = {}
-    for name, module in {**PROJECTIONS, **WRITES}.items():
+    for name, module in {**projections, **writes}.items():
         sd[pre + module + ".weight"] = p[layer_key(i, name)].T
         if layer_key(i, name + "_bias") in p:
             sd[pre + module + ".bias"] = p[layer_key(i, name + "_bias")]
@@ -45,6 +45,7 @@ class Llama(Adapter):
     unit_gain = 1.0  # the stored norm weight whose gain is 1 (Gemma stores w for a gain of 1 + w)
     norm_note = "RMSNorm gains absorbed into the next linear layers; RMSNorms exported with weight 1"
     reads_partial_rotary = False  # LLaMA's default RoPE turns the whole head, whatever partial_rotary_factor says
+    projections, writes = PROJECTIONS, WRITES  # the nn.Linear layers of a layer (a MoE class: attention only)
 
     def spec(self, config, **overrides) -> Spec:
         rope = rope_facts(config, self.reads_partial_rotary)
@@ -104,14 +105,14 @@ class Llama(Adapter):
 
     def layer_to_canonical(self, read, config, spec, i):
         pre, p = f"model.layers.{i}.", {}
-        for name, module in PROJECTIONS.items():
+        for name, module in self.projections.items():
             w, b = linear_in(read, pre + module)
             if self.norm_gains:
                 w, b = fold_norm(self.gain(read, pre + NORM_BEFORE[name.split(".")[0]] + ".weight"), None, w, b)
             p[layer_key(i, name)] = w
             if b is not None:
                 p[layer_key(i, name + "_bias")] = b
-        for name, module in WRITES.items():
+        for name, module in self.writes.items():
             w, b = linear_in(read, pre + module)
             p[layer_key(i, name)] = self._write(w)
             if b is not None:
@@ -127,7 +128,7 @@ class Llama(Adapter):
 
     def layer_from_canonical(self, p, config, spec, i):
         pre, sd = f"model.layers.{i}.", {}
-        sd.update(linears_from_canonical(p, i, pre))
+        sd.update(linears_from_canonical(p, i, pre, self.projections, self.writes))
         if self.norm_gains:
             for norm in NORM_BEFORE.values():
                 sd[pre + norm + ".weight"] = filled(p[layer_key(i, "attn.o")], spec.d_model, self.unit_gain)

@@ -20,6 +20,8 @@ symmetry constraints its architecture imposes) and a flat ``dict`` of tensors ke
     layers.<i>.attn.q_norm|k_norm      QK-norm gains, kept: over each head's dims and shared by the
                                heads (Spec.qk_norm "head", Qwen3) or over the whole projection
                                (Spec.qk_norm "projection", OLMo-2: permuted with the heads)
+    layers.<i>.moe.router|up|gate|down, mlp.shared_gate   a mixture-of-experts block (core/experts.py); a
+                               shared expert is the layer's mlp.*, its sigmoid gate mlp.shared_gate (d, 1)
     pre_norm.weight / .bias    gain and bias of a norm ON the stream (timm's norm_pre): the gain
                                moves with |G| (G a signed permutation), the bias with G
 
@@ -35,9 +37,10 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-WRITE_SUFFIXES = ("attn.o", "attn.o_bias", "mlp.down", "mlp.down_bias")
+WRITE_SUFFIXES = ("attn.o", "attn.o_bias", "mlp.down", "mlp.down_bias", "moe.down")
 GAIN_SUFFIXES = ("attn.post_norm", "mlp.post_norm")
-READ_SUFFIXES = ("attn.q", "attn.k", "attn.v", "mlp.up", "mlp.gate")
+READ_SUFFIXES = ("attn.q", "attn.k", "attn.v", "mlp.up", "mlp.gate", "mlp.shared_gate", "moe.router", "moe.up",
+                 "moe.gate")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,10 @@ class Spec:
     residual: str = "orthogonal"
     embeddings: tuple[str, ...] = ("tok",)  # names of the embed.* write tensors
     token_embedding: str | None = "tok"  # the embedding indexed by vocabulary (None for ViT)
+    n_experts: int = 0  # experts per MoE layer (0: a dense FFN); ffn_dim is then the shared expert's (0: none)
+    expert_dim: int = 0  # hidden units of each expert
+    top_k: int = 0  # experts routed per token
+    shared_expert: bool = False  # a dense shared expert beside the routed ones (mlp.*, with mlp.shared_gate)
     notes: tuple[str, ...] = ()  # caveats of the round trip (for inspect and model cards)
 
     @property

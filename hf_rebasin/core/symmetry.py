@@ -16,6 +16,10 @@ import torch
 from torch import Tensor
 
 from .canonical import LazyGraph, Spec, layer_key, residual_role
+from .experts import FIELDS as EXPERT_FIELDS
+from .experts import compose_experts, describe_experts, random_experts, transform_experts
+
+PER_LAYER = ("head_perm", "qk_maps", "ov_maps", "ffn_perm", "glu_scale") + EXPERT_FIELDS
 
 
 @dataclass
@@ -27,18 +31,20 @@ class Transform:
     ov_maps: list[Tensor | None] = field(default_factory=list)  # (n_kv_heads, hd, hd) per layer
     ffn_perm: list[Tensor | None] = field(default_factory=list)  # (ffn,) per layer
     glu_scale: list[Tensor | None] = field(default_factory=list)  # (ffn,) per layer
+    expert_perm: list[Tensor | None] = field(default_factory=list)  # (experts,) per layer (core/experts.py)
+    expert_unit_perm: list[Tensor | None] = field(default_factory=list)  # (experts, expert_dim) per layer
+    expert_glu_scale: list[Tensor | None] = field(default_factory=list)  # (experts, expert_dim) per layer
 
     @staticmethod
     def identity(spec: Spec) -> Transform:
         none = [None] * spec.n_layers
-        return Transform(None, 1.0, list(none), list(none), list(none), list(none), list(none))
+        return Transform(None, 1.0, *(list(none) for _ in PER_LAYER))
 
     def is_identity(self) -> bool:
         """True when the element is the identity as stored (no rotation, scale 1, no per-layer part), e.g. the
         reference model's transform in weight matching."""
         return (self.rotation is None and float(self.scale) == 1.0
-                and all(v is None for name in ("head_perm", "qk_maps", "ov_maps", "ffn_perm", "glu_scale")
-                        for v in getattr(self, name)))
+                and all(v is None for name in PER_LAYER for v in getattr(self, name)))
 
     def per_layer(self, name: str, i: int):
         items = getattr(self, name)
@@ -49,7 +55,7 @@ class Transform:
         out: dict[str, Tensor] = {"scale": torch.as_tensor(self.scale, dtype=torch.float32).reshape(())}
         if self.rotation is not None:
             out["rotation"] = self.rotation
-        for name in ("head_perm", "qk_maps", "ov_maps", "ffn_perm", "glu_scale"):
+        for name in PER_LAYER:
             for i, value in enumerate(getattr(self, name)):
                 if value is not None:
                     out[f"{name}.{i}"] = value
@@ -161,10 +167,11 @@ def transform_layer(params: dict[str, Tensor], i: int, spec: Spec, t: Transform,
                 p[k_] = p[k_].index_select(-1, fperm)
             if s is not None and name == "up":
                 p[k_] = p[k_] * s
-    if fperm is not None:
+    if fperm is not None and key("mlp.down") in p:
         p[key("mlp.down")] = p[key("mlp.down")].index_select(0, fperm)
-    if s is not None:
+    if s is not None and key("mlp.down") in p:
         p[key("mlp.down")] = p[key("mlp.down")] / s[:, None]
+    transform_experts(p, i, spec, t)
     if rotate:
         p = {k: rotate_residual(k, v, t) for k, v in p.items()}
     return p
@@ -251,6 +258,8 @@ def compose(t1: Transform, t2: Transform, spec: Spec) -> Transform:
         if s1 is not None and f2 is not None:
             s1 = s1[f2]
         out.glu_scale[i] = s2 if s1 is None else (s1 if s2 is None else s1 * s2)
+        if spec.n_experts:
+            compose_experts(t1, t2, out, spec, i)
     return out
 
 
@@ -334,13 +343,15 @@ def random_transform(spec: Spec, seed: int = 0, dtype=torch.float32, scale: floa
                          if spec.qk_maps else None)
         t.ov_maps.append(torch.stack([_well_conditioned(spec.head_dim, gen, torch.float64)
                                       for _ in range(spec.n_kv_heads)]).to(dtype) if spec.ov_maps else None)
-        t.ffn_perm.append(torch.randperm(spec.ffn_dim, generator=gen))
-        if spec.glu:
+        t.ffn_perm.append(torch.randperm(spec.ffn_dim, generator=gen) if spec.ffn_dim else None)
+        if spec.glu and spec.ffn_dim:
             signs = torch.where(torch.rand(spec.ffn_dim, generator=gen) < 0.5, -1.0, 1.0)
             magnitude = torch.exp(torch.empty(spec.ffn_dim).uniform_(-0.7, 0.7, generator=gen))
             t.glu_scale.append((signs * magnitude).to(dtype))
         else:
             t.glu_scale.append(None)
+        for name, value in zip(EXPERT_FIELDS, random_experts(spec, gen, dtype) if spec.n_experts else (None,) * 3):
+            getattr(t, name).append(value)
     return t
 
 
@@ -383,6 +394,9 @@ def describe_group(spec: Spec) -> list[str]:
             lines.append(f"QK maps ({owner}): any invertible {hd}x{hd} (no RoPE)")
     lines.append(f"OV maps ({owner}): any invertible {hd}x{hd}" if spec.ov_maps
                  else "OV maps: none (clip_qkv clamps v elementwise)")
+    lines += describe_experts(spec)
+    if spec.n_experts:
+        return lines
     lines.append(f"FFN permutations: {spec.ffn_dim} hidden units per layer")
     if spec.glu:
         lines.append(f"GLU value scaling: {spec.ffn_dim} nonzero scales per layer (up times s, down rows "

@@ -32,9 +32,10 @@ from .symmetry import random_rotation_fixing_ones, rotary_pairs
 
 # fields that must be equal (what no embedding can bridge), and sizes the narrow model may not exceed
 SAME = ("architecture", "n_layers", "n_out", "glu", "embeddings", "token_embedding", "centred", "scale_exact",
-        "qk_maps", "ov_maps", "residual", "qk_norm")
+        "qk_maps", "ov_maps", "residual", "qk_norm", "n_experts", "top_k", "shared_expert")
 NOT_LARGER = ("d_model", "ffn_dim", "head_dim")
-WHY_SAME = {"n_out": " (vocabulary size or number of classes)", "qk_maps": " (clip_qkv set in one model only)"}
+WHY_SAME = {"n_out": " (vocabulary size or number of classes)", "qk_maps": " (clip_qkv set in one model only)",
+            "n_experts": " (experts per MoE layer: experts are matched one to one, none is added or dropped)"}
 
 
 def no_exact_embedding(spec: Spec) -> str | None:
@@ -44,6 +45,9 @@ def no_exact_embedding(spec: Spec) -> str | None:
                 "(timm's norm_pre) or after a norm on every residual write (post-sublayer norms): only signed "
                 "permutations of the stream are exact, and a wider stream would need the narrow coordinates spread "
                 "over the wide ones by a map that a per-coordinate gain cannot follow; merge models of one width")
+    if spec.n_experts:
+        return (f"{spec.architecture} is a mixture of experts: embedding a narrower MoE (wider experts or stream) is "
+                "not implemented; merge models of one width")
     if spec.qk_norm != "none":
         return (f"{spec.architecture} normalises q and k with a kept gain (QK-norm): a wider head_dim changes that "
                 "norm's mean and the head's dims cannot be padded exactly here; merge models of one width")

@@ -51,6 +51,7 @@ class Report:
     loss_interval: list = field(default_factory=list)  # [low, high] of every point's loss (percentile bootstrap)
     barrier_interval: list[float] = field(default_factory=list)  # [low, high] of the barrier
     bootstrap: dict = field(default_factory=dict)  # resamples, seed, level, unit, units
+    routing: dict = field(default_factory=dict)  # a mixture of experts: load per expert, top-k changes (routing.py)
     schema_version: int = SCHEMA_VERSION
 
     @property

@@ -19,12 +19,13 @@ def save(graph, template: Loaded, out_dir: str | Path, *, dtype: torch.dtype | N
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = dtype or template.files.dtype
-    saved_names = template.adapter.saved_names  # the names the class's own save_pretrained writes
     with ShardWriter(out_dir, "model", max_shard_bytes) as writer:
         averaged = isinstance(graph, AveragedCheckpoints)  # the averaged tensors themselves, config unchanged
         for part in graph.checkpoint_parts() if averaged else state_dict_parts(graph, template):
+            # under the names the class's own save_pretrained writes, in the layout of the source's files
+            part = template.adapter.to_files(part, None if averaged else template.files)
             for name, value in own_tensors(part, torch.float32).items():
-                writer.add(saved_names.get(name, name), value.to(dtype))
+                writer.add(name, value.to(dtype))
     changes = config_changes(graph, template)
     template.backend.write_companions(template, changes, dtype, out_dir)
 

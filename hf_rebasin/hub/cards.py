@@ -235,6 +235,19 @@ def barrier_text(report: Report) -> str:
             f"{b['resamples']} bootstrap resamples of {b['units']} {b.get('unit', 'units')}, seed {b['seed']})")
 
 
+def routing_line(routing: dict) -> str | None:
+    """One line for the model card on a merged mixture of experts (evaluation/routing.py), None otherwise."""
+    if not routing or "skipped" in routing:
+        return None
+    mean = lambda xs: sum(xs) / len(xs)
+    spread = lambda name: max(max(layer) for layer in routing["load"][name])
+    return (f"Routing at the merged point ({routing['tokens']} tokens, {routing['experts']} experts, top-"
+            f"{routing['top_k']}): the top-k set changed for {mean(routing['top_k_changed']['merged_vs_A']):.1%} of "
+            f"tokens against A and {mean(routing['top_k_changed']['merged_vs_B']):.1%} against B (mean over layers); "
+            f"the busiest expert takes {spread('merged'):.1%} of the routed slots (A {spread('A'):.1%}, "
+            f"B {spread('B'):.1%}); per layer and expert in barrier.json (`routing`).")
+
+
 def render_card(out_dir: str | Path, *, model_name: str | None = None) -> ModelCard:
     """The model card of a merge output folder (read from its barrier.json and, if present, eval.json).
     model_name: the name it is published under (default: the folder's name)."""
@@ -267,7 +280,8 @@ def render_card(out_dir: str | Path, *, model_name: str | None = None) -> ModelC
         merged_loss=number(report.merged_loss),
         barrier_header=barrier_header, barrier_rows=barrier_rows, eval_header=eval_header, eval_rows=eval_rows,
         eval_fewshot=(evals or {}).get("num_fewshot", 0), eval_limit=(evals or {}).get("limit"),
-        command=public_command(report.command), local_inputs=local_inputs(report), notes=report.notes)
+        command=public_command(report.command), local_inputs=local_inputs(report),
+        notes=report.notes, routing=routing_line(report.routing))
 
 
 def write_card(out_dir: str | Path, *, model_name: str | None = None) -> Path:

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ..core.canonical import Spec, layer_key, residual_role
+from ..core.experts import transform_experts
 from ..core.symmetry import Transform, permute_layer_heads
 
 
@@ -104,7 +105,9 @@ def _permuted(params: dict[str, Tensor], i: int, spec: Spec, t: Transform) -> di
         for name in ("mlp.up", "mlp.up_bias", "mlp.gate", "mlp.gate_bias"):
             if key(name) in p:
                 p[key(name)] = p[key(name)].index_select(-1, fperm)
-        p[key("mlp.down")] = p[key("mlp.down")].index_select(0, fperm)
+        if key("mlp.down") in p:
+            p[key("mlp.down")] = p[key("mlp.down")].index_select(0, fperm)
+    transform_experts(p, i, spec, t)  # the experts' permutations and (fixed) GLU scales
     return p
 
 

@@ -83,7 +83,10 @@ def step_shape(spec, shapes: dict[str, tuple], n_models: int, method: str) -> St
     embedding = numel(shapes[f"embed.{spec.token_embedding}"]) if spec.token_embedding else 0
     total = sum(numel(s) for s in shapes.values())
     learned = n_models if method == "dual" else n_models - 1
-    return StepShape(n_models, spec.d_model, spec.ffn_dim, spec.glu, spec.n_layers, spec.n_out, total, layers,
+    # a token's FFN activations: the dense FFN (a MoE's shared expert) and the top-k experts it is routed to (the MoE
+    # figure is this count alone: the coefficients were measured on dense models)
+    ffn = spec.ffn_dim + getattr(spec, "top_k", 0) * getattr(spec, "expert_dim", 0)
+    return StepShape(n_models, spec.d_model, ffn, spec.glu, spec.n_layers, spec.n_out, total, layers,
                      total - layers - embedding, learned_parameter_count(spec, learned),
                      1 if n_models == 2 else learned)
 

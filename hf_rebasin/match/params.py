@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from ..core.canonical import Graph, Spec
+from ..core.experts import FIELDS as EXPERT_FIELDS
 from ..core.symmetry import Transform, kv_perm_of, rotary_pairs, rotate_residual, transform_layer
 from .linalg import ones_complement
 
@@ -272,7 +273,7 @@ class SymmetryParams(nn.Module):
             self.qk = HeadMaps((n_layers, groups), hd, rotary_pairs(spec), inv, orth, _stacked(start.qk_maps, eye))
         if spec.ov_maps:
             self.ov = HeadMaps((n_layers, groups), hd, [], inv, orth, _stacked(start.ov_maps, eye))
-        if spec.glu:
+        if spec.glu and spec.ffn_dim:  # (a MoE without a shared expert has no dense FFN)
             s0 = _stacked(start.glu_scale, torch.ones(spec.ffn_dim))
             self.glu = PositiveScale(torch.ones(n_layers, spec.ffn_dim) if s0 is None else s0)
         # permutations stay as they start (discrete; weight matching chooses them), held on the parameters' device;
@@ -283,6 +284,9 @@ class SymmetryParams(nn.Module):
                 kv_perm_of(perm, spec.group_size)
         self.register_buffer("head_perm", head_perm)
         self.register_buffer("ffn_perm", _stacked(start.ffn_perm, torch.arange(spec.ffn_dim)))
+        e, f = spec.n_experts, spec.expert_dim  # the expert part stays as it starts (fixed, like the permutations)
+        for name, default in zip(EXPERT_FIELDS, (torch.arange(e), torch.arange(f).repeat(e, 1), torch.ones(e, f))):
+            self.register_buffer(name, _stacked(getattr(start, name), default))
 
     def continuous(self) -> Continuous:
         """The continuous part of the element (differentiable), batched over the layers."""
@@ -291,7 +295,8 @@ class SymmetryParams(nn.Module):
                           None if self.ov is None else self.ov(), None if self.glu is None else self.glu())
 
     def has_permutations(self) -> bool:
-        return self.head_perm is not None or self.ffn_perm is not None
+        return (self.head_perm is not None or self.ffn_perm is not None or self.expert_perm is not None
+                or self.expert_unit_perm is not None)
 
     def element(self, continuous: Continuous | None = None) -> Transform:
         """This group element as a Transform: `continuous` (default: its own continuous part, differentiable)
@@ -303,7 +308,7 @@ class SymmetryParams(nn.Module):
             return [None] * n if x is None else list(x.unbind(0))
 
         return Transform(c.rotation, c.scale, layers(self.head_perm), layers(c.qk), layers(c.ov),
-                         layers(self.ffn_perm), layers(c.glu))
+                         layers(self.ffn_perm), layers(c.glu), *(layers(getattr(self, name)) for name in EXPERT_FIELDS))
 
     @staticmethod
     def apply_outside(params: dict[str, Tensor], t: Transform) -> dict[str, Tensor]:
@@ -331,6 +336,6 @@ class SymmetryParams(nn.Module):
         out = Transform.identity(self.spec)
         out.rotation = t.rotation.detach().float().cpu()
         out.scale = float(t.scale)
-        for name in ("head_perm", "qk_maps", "ov_maps", "ffn_perm", "glu_scale"):
+        for name in ("head_perm", "qk_maps", "ov_maps", "ffn_perm", "glu_scale", *EXPERT_FIELDS):
             setattr(out, name, [None if v is None else v.detach().cpu().clone() for v in getattr(t, name)])
         return out

@@ -21,6 +21,7 @@ from ..core.canonical import Graph, Spec, layer_key, residual_role
 from ..core.symmetry import Transform, apply, rotary_pairs, rotate_residual, transform_layer
 from ..progress import conclude, tqdm
 from .alignment import Alignment
+from .experts import expert_glu_balance, match_expert_glu_scales, match_experts
 from .linalg import (
     assignment,
     balance,
@@ -197,8 +198,10 @@ def fit_continuous(la: dict, lbp: dict, i: int, spec: Spec, t: Transform) -> Non
     already in A's frame (rotated and permuted)."""
     if spec.head_maps:
         t.qk_maps[i], t.ov_maps[i] = fit_maps(la, lbp, i, spec)
-    if spec.glu:
+    if spec.glu and spec.ffn_dim:
         t.glu_scale[i] = match_glu_scales(la, lbp, i)
+    if spec.n_experts:
+        t.expert_glu_scale[i] = match_expert_glu_scales(la, lbp, i, spec)
 
 
 # --- residual ------------------------------------------------------------------------------
@@ -247,8 +250,10 @@ def balance_transform(graph, head_maps: bool = True, glu: bool = True) -> Transf
         p = graph.layer(i)
         if head_maps and spec.head_maps:
             t.qk_maps[i], t.ov_maps[i] = balance_maps(p, i, spec)  # None where the spec allows no such map
-        if glu and spec.glu:
+        if glu and spec.glu and spec.ffn_dim:
             t.glu_scale[i] = glu_balance(p, i)
+        if glu and spec.n_experts:
+            t.expert_glu_scale[i] = expert_glu_balance(p, i, spec)
     return t
 
 
@@ -281,8 +286,9 @@ class _Round:
     """One round of coordinate descent, streamed layer by layer.  The FFN assignment of a layer (the costly
     exact solve) runs in a worker thread while the next layer's scores are computed."""
 
-    def __init__(self, pa, b, t: Transform, full: bool, pool: ThreadPoolExecutor, first: bool):
+    def __init__(self, pa, b, t: Transform, full: bool, pool: ThreadPoolExecutor, first: bool, expert_cost: str):
         self.pa, self.b, self.t, self.full, self.pool, self.first = pa, b, t, full, pool, first
+        self.expert_cost = expert_cost
         self.spec = b.spec
         self.rotated_only = Transform.identity(self.spec)
         self.rotated_only.rotation, self.rotated_only.scale = t.rotation, t.scale
@@ -299,15 +305,19 @@ class _Round:
             self.norm_b_raw += _sq(lb_raw)
             self.overlap_start += _dot(la, lb)
         head_perm = match_heads(head_scores(la, lb, i, spec), spec)
-        ffn = self.pool.submit(assignment, ffn_scores(la, lb, i, spec))
-        return {"i": i, "la": la, "lb": lb, "lb_raw": lb_raw, "head_perm": head_perm, "ffn": ffn}
+        ffn = self.pool.submit(assignment, ffn_scores(la, lb, i, spec)) if spec.ffn_dim else None
+        experts = self.pool.submit(match_experts, la, lb, i, spec, self.expert_cost) if spec.n_experts else None
+        return {"i": i, "la": la, "lb": lb, "lb_raw": lb_raw, "head_perm": head_perm, "ffn": ffn, "experts": experts}
 
     def finish(self, job: dict) -> None:
         i, spec, t = job["i"], self.spec, self.t
         perms = Transform.identity(spec)
-        perms.head_perm[i], perms.ffn_perm[i] = job["head_perm"], job["ffn"].result()
+        perms.head_perm[i], perms.ffn_perm[i] = job["head_perm"], job["ffn"] and job["ffn"].result()
+        if job["experts"] is not None:
+            perms.expert_perm[i], perms.expert_unit_perm[i] = job["experts"].result()
         lbp = transform_layer(job["lb"], i, spec, perms, rotate=False)
-        t.head_perm[i], t.ffn_perm[i] = perms.head_perm[i], perms.ffn_perm[i]
+        for name in ("head_perm", "ffn_perm", "expert_perm", "expert_unit_perm"):
+            getattr(t, name)[i] = getattr(perms, name)[i]
         if self.full:
             fit_continuous(job["la"], lbp, i, spec, t)
         b_prime = transform_layer(job["lb_raw"], i, spec, t, rotate=False)
@@ -326,7 +336,7 @@ class _Round:
 
 
 def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = True, max_rounds: int = 10,
-                    tol: float = 1e-4, progress: bool = True, balance_a: bool = True):
+                    tol: float = 1e-4, progress: bool = True, balance_a: bool = True, expert_cost: str = "units"):
     """Find (t_a, t_b) with apply(b, t_b) close to apply(a, t_a) in weight space, reading the models one layer
     at a time (a and b may be lazy graphs over their checkpoint files).
 
@@ -353,7 +363,7 @@ def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = Tru
     with ThreadPoolExecutor(max_workers=1) as pool:
         for round_ in range(1, max_rounds + 1):
             start, started = copy.deepcopy(t), time.perf_counter()
-            step = _Round(pa, b, t, full, pool, first=round_ == 1)
+            step = _Round(pa, b, t, full, pool, first=round_ == 1, expert_cost=expert_cost)
             step.run(bar)
             if round_ == 1:
                 norm_a = norm_a_out + step.norm_a
@@ -376,6 +386,8 @@ def weight_matching(a, b, *, residual: str = "orthogonal", head_maps: bool = Tru
         else:
             conclude(bar, f"{max_rounds} rounds, the most allowed (not converged to within {tol:g})")
     settings = {"residual": residual, "head_maps": full, "max_rounds": max_rounds, "tol": tol}
+    if spec.n_experts:
+        settings["expert_cost"] = expert_cost
     return Alignment([t_a, best], log, settings)  # the steps are not all exact minimisers: keep the best round
 
 

@@ -219,8 +219,8 @@ def own_tensors(state_dict: dict[str, Tensor], dtype=torch.float32) -> dict[str,
 def state_dict_parts(graph, template: Loaded) -> Iterator[dict[str, Tensor]]:
     """The original class's state dict, part by part: outside the layers, then one layer at a time (an average
     of checkpoints: its own tensors, one at a time)."""
-    if isinstance(graph, AveragedCheckpoints):
-        yield from graph.checkpoint_parts()
+    if isinstance(graph, AveragedCheckpoints):  # under the class's names (a MoE's files may hold it per expert)
+        yield from template.adapter.module_parts(graph.mixed)
         return
     adapter, spec = template.adapter, graph.spec
     yield adapter.outside_from_canonical(graph.outside(), template.config, spec)
