@@ -285,8 +285,10 @@ def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, dat
     settings = {**alignment.settings, "batch_size": options.batch_size}
     if options.uses_rounds():
         settings["rounds"] = options.rounds
+    settings["protocol"] = options.protocol  # li-shen evaluates the whole split: no cap
+    cap = options.max_eval_tokens if options.protocol == "default" else None
     settings.update({"lambdas": options.lambda_points(), "seq_len": (data.info or {}).get("seq_len"),
-                     "max_eval_tokens": options.max_eval_tokens} if n == 2 else
+                     "max_eval_tokens": cap} if n == 2 else
                     {"simplex_resolution": options.resolution(n)})
     licences = {source_license(s) for s in models}
     notes = list(aligned[0].spec.notes) + alignment.notes + list(alignment.settings.get("notes", []))

@@ -315,8 +315,8 @@ def load_token_windows(spec: str, tokenizer, seq_len: int, max_tokens: int | Non
                        max_tokens_flag: str = "--max-eval-tokens") -> tuple[torch.Tensor, dict]:
     """``read_texts`` then ``token_windows``; also the ``data`` record for barrier.json."""
     windows = token_windows(read_texts(spec, text_field=text_field), tokenizer, seq_len, max_tokens, max_tokens_flag)
-    n_windows = windows.shape[0]
-    return windows, {"spec": spec, "tokens": n_windows * seq_len, "seq_len": seq_len, "windows": n_windows}
+    from .token_files import window_counts
+    return windows, {"spec": spec, **window_counts(windows.shape[0], seq_len)}
 
 
 def split_text(text: str, fractions: tuple[float, float, float] = (0.9, 0.05, 0.05)) -> tuple[str, str, str]:

@@ -25,8 +25,11 @@ def split_in_halves(data: EvalData, template: Loaded, seed: int) -> tuple[EvalDa
         first, second = order[: n // 2].sort().values, order[n // 2:].sort().values
         return (subset(data, first, "train half"), subset(data, second, "eval half"),
                 f"images at random, seed {seed}")
-    eos = eos_token_id(template)
-    holds_eos = [] if eos is None else (data.inputs == eos).any(dim=1).nonzero().flatten().tolist()
+    if data.units is not None:  # the data records each window's document (a protocol that joins without EOS)
+        holds_eos = [k for k in range(n - 1) if data.units[k] != data.units[k + 1]]
+    else:
+        eos = eos_token_id(template)
+        holds_eos = [] if eos is None else (data.inputs == eos).any(dim=1).nonzero().flatten().tolist()
     near_middle = [k for k in holds_eos if n // 4 <= k < n - n // 4 and 0 < k < n - 1]
     if near_middle:
         cut = min(near_middle, key=lambda k: abs(k - n / 2))
@@ -67,7 +70,8 @@ def subset(data: EvalData, part, name: str) -> EvalData:
     inputs = data.inputs[part]
     info = {**(data.info or {}), "part": name}
     if "tokens" in info:
-        info.update(tokens=int(inputs.numel()), windows=len(inputs))
+        from .token_files import window_counts
+        info.update(window_counts(len(inputs), int(inputs.shape[1])))
     if "examples" in info:
         info["examples"] = len(inputs)
     units = None
