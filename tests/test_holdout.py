@@ -108,3 +108,17 @@ def test_barrier_json_records_the_held_out_documents(learned_pair, tmp_path, mon
     assert seen["eos"] == eos_token_id(models.load(learned_pair[0])) is not None
     kept, held, _ = seen["split"]
     _check_disjoint(seen["data"].inputs, kept, held, seen["eos"])
+
+
+def test_documents_recorded_by_the_data_are_held_out_whole():
+    """Windows whose documents the data records (--protocol li-shen: articles joined without EOS)."""
+    rng = np.random.default_rng(3)
+    units = np.repeat(np.arange(40), rng.integers(1, 6, 40)).tolist()
+    windows = torch.zeros(len(units), SEQ, dtype=torch.long)  # no EOS anywhere: only the record tells
+    kept, held, record = held_out_documents(EvalData("causal-lm", windows, units=units), 8, EOS)
+    assert len(held) == 8 and record["how"].startswith("whole documents")
+    # window w holds text of documents units[w] .. units[w + 1] (the next one may start inside it)
+    touches = [set(range(units[w], (units + units[-1:])[w + 1] + 1)) for w in range(len(units))]
+    trained = set().union(*(touches[w] for w in kept))
+    assert not any(touches[w] & trained for w in held)
+    assert len(kept) + len(held) + record["dropped"] == len(units)

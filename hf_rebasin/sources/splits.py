@@ -137,6 +137,8 @@ def held_out_documents(data: EvalData, n: int, eos: int | None) -> tuple[list[in
         what = "images" if data.task != "causal-lm" else "sampled sequences"
         return _others(total, held), held, {"how": f"independent {what}, spread evenly", "held_out": len(held),
                                             "dropped": 0}
+    if data.units is not None:
+        return _held_out_units(data.units, n)
     stream = None if eos is None else _Stream(data.inputs, eos)
     spans: list[tuple[int, int]] = []  # held-out token spans [start, end), whole documents
     inside: set[int] = set()
@@ -174,3 +176,31 @@ def _others(total: int, left_out) -> list[int]:
     kept = torch.ones(total, dtype=torch.bool)
     kept[list(left_out)] = False
     return kept.nonzero().flatten().tolist()
+
+
+def _held_out_units(units: list[int], n: int) -> tuple[list[int], list[int], dict]:
+    """held_out_documents where the data records each window's document (the article of its first token): window w
+    touches the documents from units[w] to units[w + 1]."""
+    import numpy as np
+    first = np.asarray(units)
+    last = np.append(first[1:], first[-1])
+    total, held_docs = len(first), np.zeros(int(last.max()) + 1, bool)
+    count = np.zeros(len(held_docs) + 1, np.int64)  # held documents below each id, to test a window's range at once
+    for k in spread_order(n):
+        window = int(np.linspace(0, total - 1, n).round()[k])
+        if held_docs[first[window]]:
+            continue
+        held_docs[first[window]:last[window] + 1] = True
+        count[1:] = np.cumsum(held_docs)
+        inside = np.flatnonzero(count[last + 1] - count[first] == last - first + 1)
+        if len(inside) >= n:
+            break
+    touched = np.flatnonzero(count[last + 1] - count[first] > 0)
+    held = sorted({int(inside[int(k)]) for k in np.linspace(0, len(inside) - 1, min(n, len(inside))).round()})
+    kept = _others(total, touched.tolist())
+    if not kept:
+        from ..errors import OptionError
+        raise OptionError(f"holding out whole documents for --holdout {n} leaves no training window: the documents "
+                          "are too long for the training data; lower --holdout or give more --train-data")
+    return kept, held, {"how": "whole documents kept out of training", "documents": int(held_docs.sum()),
+                        "held_out": len(held), "dropped": len(touched) - len(held)}
