@@ -4,9 +4,10 @@
                                                  [--methods raw,am,wm,dual,dual/self] [--json runs/barrier_table.json]
                                                  [--learned-args "--steps 300 --lr 3e-3"] [--seeds 11,12]
 
-Pairs come from benchmarks/pairs.py (trained once, cached under runs/pairs/).  Evaluation on the
-test split; activation matching uses the validation split, lm and dual train on the train split (METHOD/self: on
-text sampled from the two models instead, `--train-data self` / `--match-data self`).  Prints a
+Pairs come from benchmarks/pairs.py (trained once, cached under runs/pairs/); `example` is the bundled example
+pair (hf_rebasin/assets), evaluated on its held-out file, for the data-free methods (raw, wm-perm, wm).
+Evaluation on the test split; activation matching uses the validation split, lm and dual train on the train split
+(METHOD/self: on text sampled from the two models instead, `--train-data self` / `--match-data self`).  Prints a
 Markdown table for BENCHMARKS.md with the published Tiny Shakespeare figures of Theus et al.
 (Table 2: vanilla averaging 2.02, activation matching 1.43, weight matching 0.34) beside, then the paired
 differences between the methods of each pair ("dual − wm = −1.31 [−1.38, −1.25]": the barrier of one minus the
@@ -76,8 +77,14 @@ def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int
              learned: list[str] = (), seeds: tuple[int, int] | None = None, am_args: list[str] = ()) -> list[dict]:
     """Rows of one pair; with `seeds`, two further models of the pair's recipe trained from those seeds
     (a fresh pair, e.g. to check defaults on models they were not tuned on) instead of the cached pair."""
-    import pairs
-    pair = pairs.get_pair(name)
+    if name == "example":  # the bundled example pair (data-free methods: its held-out file is all the text it has)
+        from hf_rebasin.assets import example_pair
+        root = example_pair()
+        pair = {"model_a": str(root / "model-a"), "model_b": str(root / "model-b"),
+                "test_data": str(root / "heldout.txt")}
+    else:
+        import pairs
+        pair = pairs.get_pair(name)
     if seeds is not None:
         model_a, model_b = pairs.extra_models(name, list(seeds))
         pair = {**pair, "model_a": model_a, "model_b": model_b}
