@@ -122,3 +122,12 @@ def test_documents_recorded_by_the_data_are_held_out_whole():
     trained = set().union(*(touches[w] for w in kept))
     assert not any(touches[w] & trained for w in held)
     assert len(kept) + len(held) + record["dropped"] == len(units)
+
+
+def test_documents_too_long_to_hold_out_whole():
+    """Two documents: holding one out whole would take half the data or more: the last windows instead, recorded."""
+    stream = np.concatenate([np.append(np.full(40 * SEQ, 5), EOS), np.full(20 * SEQ, 6)])
+    windows = _windows(stream)
+    kept, held, record = held_out_documents(EvalData("causal-lm", windows), 4, EOS)
+    assert record["how"].startswith("documents too long to hold out whole")
+    assert held == list(range(len(windows) - 4, len(windows))) and kept == list(range(len(windows) - 5))

@@ -128,8 +128,9 @@ def held_out_documents(data: EvalData, n: int, eos: int | None) -> tuple[list[in
     selection.  Text with document boundaries (EOS): whole documents are kept out of training, chosen spread over
     the data: each chosen window takes out every document it touches, a window wholly inside those documents can
     be held out, one partly inside is dropped, and no window trained on shares a token's document with a held-out
-    one.  Independent examples (images, `self` samples: each window its own sequence) are spread evenly, as are
-    windows whose data has no boundaries (one document: the last n windows, the window before them dropped)."""
+    one.  Independent examples (images, `self` samples: each window its own sequence) are spread evenly.  Text with
+    no boundaries, or whose documents are too long to spare whole ones (more than half the windows would leave
+    training): the last n windows, the window before them dropped (recorded as such)."""
     total = len(data.inputs)
     independent = data.task != "causal-lm" or (data.info or {}).get("spec") == "self"
     if independent:
@@ -138,7 +139,25 @@ def held_out_documents(data: EvalData, n: int, eos: int | None) -> tuple[list[in
         return _others(total, held), held, {"how": f"independent {what}, spread evenly", "held_out": len(held),
                                             "dropped": 0}
     if data.units is not None:
-        return _held_out_units(data.units, n)
+        kept, held, record = _held_out_units(data.units, n)
+    else:
+        kept, held, record = _held_out_spans(data, n, eos)
+    if len(kept) < total // 2:  # no whole documents to spare (one long document, or a few): the last windows
+        held, kept = list(range(total - n, total)), list(range(max(0, total - n - 1)))
+        record = {"how": ("documents too long to hold out whole: the last windows, the window before them dropped"
+                          if record.get("documents") else
+                          "no document boundaries: the last windows, the window before them dropped"),
+                  "held_out": n, "dropped": total - n - len(kept)}
+    if not kept:
+        from ..errors import OptionError
+        raise OptionError(f"--holdout {n} leaves no training window out of {total}; lower --holdout or give more "
+                          "--train-data")
+    return kept, held, record
+
+
+def _held_out_spans(data: EvalData, n: int, eos: int | None) -> tuple[list[int], list[int], dict]:
+    """held_out_documents where documents end with an EOS token (found around the chosen windows only)."""
+    total = len(data.inputs)
     stream = None if eos is None else _Stream(data.inputs, eos)
     spans: list[tuple[int, int]] = []  # held-out token spans [start, end), whole documents
     inside: set[int] = set()
@@ -161,15 +180,8 @@ def held_out_documents(data: EvalData, n: int, eos: int | None) -> tuple[list[in
         record = {"how": "whole documents kept out of training", "documents": len(spans), "held_out": len(held),
                   "dropped": len(touched) - len(held)}
     else:
-        held, touched = list(range(total - n, total)), set(range(total - n - 1, total))
-        record = {"how": "no document boundaries: the last windows, the window before them dropped",
-                  "held_out": n, "dropped": 1}
-    kept = _others(total, touched)
-    if not kept:
-        from ..errors import OptionError
-        raise OptionError(f"holding out whole documents for --holdout {n} leaves no training window: the documents "
-                          "are too long for the training data; lower --holdout or give more --train-data")
-    return kept, held, record
+        return [], [], {}  # no document boundaries
+    return _others(total, touched), held, record
 
 
 def _others(total: int, left_out) -> list[int]:
@@ -197,10 +209,6 @@ def _held_out_units(units: list[int], n: int) -> tuple[list[int], list[int], dic
             break
     touched = np.flatnonzero(count[last + 1] - count[first] > 0)
     held = sorted({int(inside[int(k)]) for k in np.linspace(0, len(inside) - 1, min(n, len(inside))).round()})
-    kept = _others(total, touched.tolist())
-    if not kept:
-        from ..errors import OptionError
-        raise OptionError(f"holding out whole documents for --holdout {n} leaves no training window: the documents "
-                          "are too long for the training data; lower --holdout or give more --train-data")
-    return kept, held, {"how": "whole documents kept out of training", "documents": int(held_docs.sum()),
-                        "held_out": len(held), "dropped": len(touched) - len(held)}
+    record = {"how": "whole documents kept out of training", "documents": int(held_docs.sum()),
+              "held_out": len(held), "dropped": len(touched) - len(held)}
+    return _others(total, touched.tolist()), held, record
