@@ -82,7 +82,7 @@ def li_shen_windows(rows: list[str], tokenizer, seq_len: int = LI_SHEN_SEQ_LEN) 
     if n < 1:
         raise DataError(f"--protocol li-shen: the data gives {len(ids)} tokens, fewer than one window of {seq_len}")
     article = np.searchsorted(np.array(starts), first_char[:n * seq_len:seq_len], side="right") - 1
-    from .token_files import window_counts
+    from .data import window_counts
     info = {"protocol": "li-shen", **window_counts(n, seq_len), "articles": int(len(starts)),
             "dropped_tail_tokens": len(ids) - n * seq_len, "join": LI_SHEN_JOIN, "special_tokens": False}
     windows = torch.tensor(ids[:n * seq_len], dtype=torch.long).view(n, seq_len)

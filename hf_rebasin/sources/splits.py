@@ -70,7 +70,7 @@ def subset(data: EvalData, part, name: str) -> EvalData:
     inputs = data.inputs[part]
     info = {**(data.info or {}), "part": name}
     if "tokens" in info:
-        from .token_files import window_counts
+        from .data import window_counts
         info.update(window_counts(len(inputs), int(inputs.shape[1])))
     if "examples" in info:
         info["examples"] = len(inputs)

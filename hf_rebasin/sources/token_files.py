@@ -123,13 +123,6 @@ def vocabulary_digest(tokenizer) -> str:
     return hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()[:16]
 
 
-def window_counts(windows: int, seq_len: int) -> dict:
-    """The counts a report gives of token windows: ``tokens`` the predicted tokens (every window predicts all its
-    tokens but the first), ``input_tokens`` the tokens read, ``windows`` and ``seq_len``."""
-    return {"tokens": windows * (seq_len - 1), "input_tokens": windows * seq_len, "seq_len": seq_len,
-            "windows": windows}
-
-
 def open_token_windows(spec: str, seq_len: int, vocab_size: int, max_tokens: int | None = None,
                        flag: str = "--train-data", tokenizer=None) -> tuple[TokenWindows, dict]:
     """A token file's windows, checked against the model's tokenizer (when given, against the vocabulary the
@@ -145,6 +138,7 @@ def open_token_windows(spec: str, seq_len: int, vocab_size: int, max_tokens: int
     if top >= vocab_size:
         raise DataError(f"{flag} {spec} holds token id {top}, outside this model's vocabulary of {vocab_size:,} ids: "
                         "it was tokenised for another model. Tokenise the text again with `hf-rebasin tokenize`")
+    from .data import window_counts
     info = {"spec": str(spec), **window_counts(len(windows), seq_len), "memory_mapped": True}
     if meta.get("source"):
         info["tokenized_from"] = meta["source"]
