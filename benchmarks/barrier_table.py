@@ -4,11 +4,15 @@
                                                  [--methods raw,am,wm,dual,dual/self] [--json runs/barrier_table.json]
                                                  [--learned-args "--steps 300 --lr 3e-3"] [--seeds 11,12]
 
-Pairs come from benchmarks/pairs.py (trained once, cached under runs/pairs/).  Evaluation on the
-test split; activation matching uses the validation split, lm and dual train on the train split (METHOD/self: on
-text sampled from the two models instead, `--train-data self` / `--match-data self`).  Prints a
+Pairs come from benchmarks/pairs.py (trained once, cached under runs/pairs/); `example` is the bundled example
+pair (hf_rebasin/assets), evaluated on its held-out file, for the data-free methods (raw, wm-perm, wm).
+Evaluation on the test split; activation matching uses the validation split, lm and dual train on the train split
+(METHOD/self: on text sampled from the two models instead, `--train-data self` / `--match-data self`).  Prints a
 Markdown table for BENCHMARKS.md with the published Tiny Shakespeare figures of Theus et al.
-(Table 2: vanilla averaging 2.02, activation matching 1.43, weight matching 0.34) beside.
+(Table 2: vanilla averaging 2.02, activation matching 1.43, weight matching 0.34) beside, then the paired
+differences between the methods of each pair ("dual − wm = −1.31 [−1.38, −1.25]": the barrier of one minus the
+other's and the same for the loss at λ = 0.5, with the 95 % interval of a bootstrap that resamples the same
+documents for both methods; evaluation/intervals.paired_difference).
 """
 from __future__ import annotations
 
@@ -42,27 +46,54 @@ def barrier_options(pair: dict, method: str, seq_len: int | None, max_tokens: in
     return from_namespace(MergeOptions, build_parser().parse_args(argv))
 
 
-def measure(models: list[str], options) -> tuple[dict, float]:
+def measure(models: list[str], options, evaluations: dict | None = None) -> tuple[dict, float]:
+    """(the report, seconds); with `evaluations`, the run's per-window losses stored there under the method."""
     from hf_rebasin.pipeline import run
     start = time.perf_counter()
-    report = run(models, options).report.to_dict()
+    result = run(models, options)
+    report = result.report.to_dict()
+    if evaluations is not None:
+        evaluations[options.method] = {**result.evaluation, "digest": report["data"].get("digest")}
     return report, time.perf_counter() - start
+
+
+def paired_rows(pair: str, evaluations: dict[str, dict]) -> list[dict]:
+    """For every two methods of a pair evaluated on the same windows: later − earlier, barrier and loss at λ=0.5,
+    each with its paired bootstrap interval."""
+    from hf_rebasin.evaluation.intervals import paired_difference
+    rows, names = [], list(evaluations)
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            a, b = evaluations[second], evaluations[first]
+            if a["digest"] != b["digest"] or a["units"] != b["units"]:
+                continue  # not the same windows: no paired comparison
+            mid = next((k for k, w in enumerate(a["weights"]) if len(w) == 2 and abs(w[1] - 0.5) < 1e-9), None)
+            diff = paired_difference(a, b, point=mid)
+            rows.append({"pair": pair, "difference": f"{second} − {first}", **diff})
+    return rows
 
 
 def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int,
              learned: list[str] = (), seeds: tuple[int, int] | None = None, am_args: list[str] = ()) -> list[dict]:
     """Rows of one pair; with `seeds`, two further models of the pair's recipe trained from those seeds
     (a fresh pair, e.g. to check defaults on models they were not tuned on) instead of the cached pair."""
-    import pairs
-    pair = pairs.get_pair(name)
+    if name == "example":  # the bundled example pair (data-free methods: its held-out file is all the text it has)
+        from hf_rebasin.assets import example_pair
+        root = example_pair()
+        pair = {"model_a": str(root / "model-a"), "model_b": str(root / "model-b"),
+                "test_data": str(root / "heldout.txt")}
+    else:
+        import pairs
+        pair = pairs.get_pair(name)
     if seeds is not None:
         model_a, model_b = pairs.extra_models(name, list(seeds))
         pair = {**pair, "model_a": model_a, "model_b": model_b}
         name = f"{name} (seeds {seeds[0]}, {seeds[1]})"
-    rows = []
+    rows, evaluations = [], {}
     for method in methods:
         report, seconds = measure([pair["model_a"], pair["model_b"]],
-                                  barrier_options(pair, method, seq_len, max_tokens, learned, am_args))
+                                  barrier_options(pair, method, seq_len, max_tokens, learned, am_args), evaluations)
+        evaluations[method] = evaluations.pop(report["method"])
         metric = "perplexity" if report["task"] == "causal-lm" else "accuracy"
         mid = report["lambdas"].index(0.5)
         rows.append({"pair": name, "method": method, "barrier": report["barrier"],
@@ -74,7 +105,7 @@ def run_pair(name: str, methods: list[str], seq_len: int | None, max_tokens: int
                      "sample_s": report["timings"].get("sample_s"),
                      "tokens_sampled": (report["settings"].get("self_samples") or {}).get("tokens")})
         print(json.dumps(rows[-1]), file=sys.stderr)
-    return rows
+    return rows + paired_rows(name, evaluations)
 
 
 def run_three_way(name: str, methods: list[str], seq_len: int | None, max_tokens: int,
@@ -121,10 +152,24 @@ def run_narrow(name: str, methods: list[str], seq_len: int | None, max_tokens: i
     return rows
 
 
+def paired_markdown(rows: list[dict]) -> str:
+    """The paired differences: "dual − wm | −1.310 [−1.380, −1.250] | ..."."""
+    lines = ["| pair | difference | barrier (nats), 95 % paired interval | loss at λ=0.5 (nats), 95 % paired interval "
+             "| units resampled |", "|---|---|---|---|---|"]
+    for r in rows:
+        loss = (f"{r['loss']:+.3f} [{r['loss_interval'][0]:+.3f}, {r['loss_interval'][1]:+.3f}]"
+                if "loss" in r else "")
+        lines.append(f"| {r['pair']} | {r['difference']} | {r['barrier']:+.3f} [{r['barrier_interval'][0]:+.3f}, "
+                     f"{r['barrier_interval'][1]:+.3f}] | {loss} | {r['bootstrap']['units']} |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| pair | method | test barrier (nats) | loss A | loss B | loss at λ=0.5 | metric A / B / mid | "
              "match s | Theus et al. (Tiny Shakespeare) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if "difference" in r:
+            continue
         fmt = "{:.1%}" if r["metric"] == "accuracy" else "{:.2f}"
         metric = " / ".join(fmt.format(r[k]) for k in ("metric_a", "metric_b", "metric_mid"))
         comparable = "shakespeare" in r["pair"] and "bpe512" not in r["pair"]  # (the paper's pairs use GPT-2 tokens)
@@ -166,6 +211,10 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))
     print(markdown(rows))
+    paired = [r for r in rows if "difference" in r]
+    if paired:
+        print()
+        print(paired_markdown(paired))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,10 @@ class MergeOptions:
                               ".npz or a datasets spec",
                               group=EVALUATION)
     text_field: str = option("text", "text field of .jsonl / datasets rows", group=EVALUATION)
+    protocol: str = option("default", "evaluation protocol: default (documents joined by EOS, windows of --seq-len, "
+                           "at most --max-eval-tokens) or li-shen (WikiText-103 test, rows joined by blank lines, "
+                           "every 512-token window, no sliding window: docs/design.md §5)", group=EVALUATION,
+                           choices=("default", "li-shen"))
     alpha: float | None = option(None, f"two models: the merged model is (1-α)·A + α·π(B) (default {DEFAULT_ALPHA})",
                                  group=EVALUATION, low=0.0, high=1.0)
     lambdas: int | None = option(None, f"two models: points on the λ grid from 0 to 1, at least 3 (2 would be the "
@@ -131,8 +135,9 @@ class MergeOptions:
     eval_every: int = option(50, "steps between held-out midpoint-barrier estimates shown in the bar (0: off)",
                              group=LEARNED, low=0)
     eval_subset: int = option(32, "held-out examples (windows/images) for that estimate", group=LEARNED, low=0)
-    holdout: int | None = option(None, "training examples (windows/images, spread evenly over --train-data) kept out "
-                                 "of the optimisation: at the start, every --eval-every steps and at the end the "
+    holdout: int | None = option(None, "training examples kept out of the optimisation (text: windows of whole "
+                                 "documents none of which is trained on; images and `self` samples: spread evenly "
+                                 "over --train-data): at the start, every --eval-every steps and at the end the "
                                  "midpoint loss on them is measured and the best parameters are returned (0: the last "
                                  f"step's; default min({DEFAULT_HOLDOUT}, an eighth of the training examples))",
                                  group=LEARNED, low=0)
@@ -290,6 +295,8 @@ class MergeOptions:
                                 "--simplex-resolution")
         elif self.simplex_resolution is not None:
             problems.append("--simplex-resolution is for three or more models; two models use --lambdas")
+        from .sources.protocols import check_protocol
+        problems += check_protocol(self)
         if self.seq_len is not None and self.max_eval_tokens < self.seq_len:
             problems.append(f"--max-eval-tokens {self.max_eval_tokens} is smaller than --seq-len {self.seq_len}: "
                             "no window fits")

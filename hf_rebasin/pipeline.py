@@ -65,6 +65,10 @@ class MergeResult:
     report: Report | None  # None in the other processes of an `accelerate launch` run (only the main one reports)
     transforms: list[Transform]  # one per model, acting on its canonical graph
     out: Path | None = None  # the output folder, when one was written
+    # every window's summed loss at every point, its predicted tokens, its bootstrap unit, the points' weights and
+    # the models' own points: what a paired comparison of two methods on the same windows needs
+    # (evaluation/intervals.paired_difference); not written to barrier.json
+    evaluation: dict | None = None
 
     @property
     def barrier(self) -> float:
@@ -163,13 +167,13 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     export_bytes = sum(p.stat().st_size for p in template.files.files) if out is not None else 0
     with held([g if t.is_identity() else apply(g, t) for g, t in zip(graphs, alignment.transforms)], out,
               reserve=export_bytes) as aligned:
-        report = evaluate_report(names, aligned, alignment, template, data, data_spec, options, timings, progress,
-                                 command or equivalent_command(names, options, out), reference)
+        report, evaluation = evaluate_report(names, aligned, alignment, template, data, data_spec, options, timings,
+                                             progress, command or equivalent_command(names, options, out), reference)
         _, merged_at = evaluation_points(len(models), options)
         if template.spec.n_experts and len(aligned) == 2 and template.task == "causal-lm":
             from .evaluation.routing import routing_report
             report.routing = routing_report(aligned, template, data, merged_at)
-        result = MergeResult(report, alignment.transforms)
+        result = MergeResult(report, alignment.transforms, evaluation=evaluation)
         if out is not None:
             result.out = export(Path(out), force, models, aligned, merged_at, alignment, template, report, options,
                                 names)
@@ -244,7 +248,8 @@ def evaluation_points(n_models: int, options: MergeOptions) -> tuple[list[tuple[
 
 def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, data: EvalData, data_spec: str,
                     options: MergeOptions, timings: dict, progress: bool, command: str | None,
-                    reference: list | None = None) -> Report:
+                    reference: list | None = None) -> tuple[Report, dict]:
+    """(the report, every window's losses: MergeResult.evaluation)."""
     from .hub.cards import source_license
     n = len(models)
     weights, merged_at = evaluation_points(n, options)
@@ -277,19 +282,22 @@ def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, dat
             raw_excess, raw_worst = worst_excess(weights, raw_losses, endpoint_loss)
             raw_barrier = raw_excess[raw_worst]
             timings["raw_reference_s"] = time.perf_counter() - start
-    intervals = barrier_intervals(results, weights, vertices, data, template)
+    units = evaluation_units(data, template)
+    intervals = barrier_intervals(results, weights, vertices, units, data.task)
 
     metric = "perplexity" if data.task == "causal-lm" else "accuracy"
     lambdas = [w[1] for w in weights] if n == 2 else [list(w) for w in weights]
     settings = {**alignment.settings, "batch_size": options.batch_size}
     if options.uses_rounds():
         settings["rounds"] = options.rounds
+    settings["protocol"] = options.protocol  # li-shen evaluates the whole split: no cap
+    cap = options.max_eval_tokens if options.protocol == "default" else None
     settings.update({"lambdas": options.lambda_points(), "seq_len": (data.info or {}).get("seq_len"),
-                     "max_eval_tokens": options.max_eval_tokens} if n == 2 else
+                     "max_eval_tokens": cap} if n == 2 else
                     {"simplex_resolution": options.resolution(n)})
     licences = {source_license(s) for s in models}
     notes = list(aligned[0].spec.notes) + alignment.notes + list(alignment.settings.get("notes", []))
-    return Report(
+    report = Report(
         method=options.method, models=list(models), lambdas=lambdas, loss=losses, barrier=excess[worst],
         architecture=template.adapter.architecture, task=data.task, n_models=n,
         alpha=merged_at[1] if n == 2 else list(merged_at), **{metric: [r[metric] for r in results]},
@@ -301,18 +309,29 @@ def evaluate_report(models, aligned, alignment: Alignment, template: Loaded, dat
         versions=installed_versions(), command=command or equivalent_command(models, options),
         notes=notes, license=licences.pop() if len(licences) == 1 else None, hf_rebasin_version=__version__,
         **intervals)
+    evaluation = {"window_loss": [r["window_loss"] for r in results], "window_count": results[0]["window_count"],
+                  "units": [int(u) for u in units], "weights": [list(w) for w in weights], "vertices": vertices}
+    return report, evaluation
 
 
-def barrier_intervals(results: list[dict], weights, vertices: list[int], data: EvalData, template: Loaded) -> dict:
-    """The bootstrap intervals of every point's loss and of the barrier (evaluation/intervals.py): documents
-    resampled, windows where the data has no document boundaries, images for classifiers."""
-    from .evaluation.intervals import path_intervals, units_of
+def evaluation_units(data: EvalData, template: Loaded) -> list:
+    """The bootstrap unit of each evaluated example: its document (the data's own record of them, else found by EOS
+    tokens), each window where the data has no document boundaries, each image for classifiers."""
+    from .evaluation.intervals import units_of
     from .sources.splits import eos_token_id
-    eos = eos_token_id(template) if data.task == "causal-lm" else None
-    units = units_of(data.inputs.numpy(), eos) if data.task == "causal-lm" else list(range(len(data.inputs)))
+    if data.task != "causal-lm":
+        return list(range(len(data.inputs)))
+    if data.units is not None:
+        return list(data.units)
+    return list(units_of(data.inputs.numpy(), eos_token_id(template)))
+
+
+def barrier_intervals(results: list[dict], weights, vertices: list[int], units: list, task: str) -> dict:
+    """The bootstrap intervals of every point's loss and of the barrier (evaluation/intervals.py) over `units`."""
+    from .evaluation.intervals import path_intervals
     intervals = path_intervals([r["window_loss"] for r in results], results[0]["window_count"], units, weights,
                                vertices)
-    unit = "images" if data.task != "causal-lm" else "windows" if len(set(units)) == len(units) else "documents"
+    unit = "images" if task != "causal-lm" else "windows" if len(set(units)) == len(units) else "documents"
     intervals["bootstrap"]["unit"] = unit
     return intervals
 

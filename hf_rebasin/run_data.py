@@ -20,6 +20,9 @@ from .sources.splits import shared_examples, split_in_halves
 def eval_data(spec: str | None, template: Loaded, options: MergeOptions, flag: str = "--data") -> EvalData:
     if spec is None:
         raise OptionError("--data is required for image models (an ImageFolder, an .npz or a Hub dataset)")
+    if options.protocol != "default" and flag == "--data":  # a paper's evaluation (sources/protocols.py)
+        from .sources.protocols import load_protocol_data
+        return load_protocol_data(options.protocol, spec, template, options.text_field)
     return load_eval_data(spec, template, seq_len=options.seq_len, max_tokens=options.max_eval_tokens,
                           max_examples=options.max_eval_examples, text_field=options.text_field, flag=flag)
 
@@ -36,8 +39,8 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
     if samples is not None:
         train = samples
         if options.self_by_default(template.task):
-            notes.append(f"no --train-data: learned matching trained on {samples.info['tokens']:,} tokens sampled from "
-                         f"the models themselves ({SELF_DATA}, the default for language models)")
+            notes.append(f"no --train-data: learned matching trained on {samples.info['tokens']:,} predicted tokens "
+                         f"of text sampled from the models themselves ({SELF_DATA}, the default for language models)")
     elif options.train_data and options.train_data != data_spec:
         train = load_eval_data(options.train_data, template, seq_len=options.seq_len,
                                max_tokens=options.max_train_tokens, max_examples=options.max_train_examples,

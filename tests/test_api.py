@@ -23,7 +23,8 @@ def test_the_readme_example_runs(tmp_path, monkeypatch, capsys):
     report = json.loads((tmp_path / "merged-example" / "barrier.json").read_text())
     assert printed[0].startswith(str(report["barrier"]))
     assert printed[1] == str(tmp_path / "merged-example")
-    assert report["method"] == "wm" and len(report["lambdas"]) == 5 and report["data"]["tokens"] == 4096
+    assert report["method"] == "wm" and len(report["lambdas"]) == 5 and report["data"]["input_tokens"] == 4096
+    assert report["data"]["tokens"] == report["data"]["windows"] * (report["data"]["seq_len"] - 1)  # predicted
     assert report["command"].startswith("hf-rebasin merge ") and "--lambdas 5" in report["command"]
 
 

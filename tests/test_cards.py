@@ -119,7 +119,7 @@ def test_body_has_plot_command_caveats_and_settings(merge_dir):
     for note in barrier["notes"]:
         assert f"* {note}\n" in text
     assert "weight matching" in text and "`--method wm`" in text
-    assert "16,384 tokens in sequences of 128" in text and barrier["data"]["spec"] in text
+    assert "16,384 predicted tokens" in text and barrier["data"]["spec"] in text
     assert "| `rounds` | `5` |" in text and "| `seed` | `0` |" in text  # the settings, as a table
     assert f"**{barrier['barrier']:.4f}** at λ = {barrier['barrier_lambda']:.2f}" in text
 

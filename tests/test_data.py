@@ -273,7 +273,7 @@ def test_load_token_windows_record(tmp_path, bpe_tokenizer, stdlib_text):
     path.write_text(stdlib_text[:20_000], encoding="utf-8")
     windows, record = load_token_windows(str(path), bpe_tokenizer, seq_len=128, max_tokens=2000)
     assert windows.shape == (15, 128)
-    assert record == {"spec": str(path), "tokens": 15 * 128, "seq_len": 128, "windows": 15}
+    assert record == {"spec": str(path), "tokens": 15 * 127, "input_tokens": 15 * 128, "seq_len": 128, "windows": 15}
     stream = bpe_tokenizer(stdlib_text[:20_000], add_special_tokens=False, verbose=False)["input_ids"]
     assert windows.flatten().tolist() == stream[: 15 * 128]
 

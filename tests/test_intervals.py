@@ -88,3 +88,62 @@ def test_report_card_and_plot_carry_the_intervals(tmp_path, text_file):
     card = (out / "README.md").read_text()
     assert f"95 % interval [{low:.4f}, {high:.4f}]" in card and "loss, 95 % interval" in card
     assert (out / "barrier.png").stat().st_size > 0
+
+
+def _two_methods(rng, n_docs=300, windows_per_doc=3, gap=0.3):
+    """Per-window losses of two methods on the same documents: a document's difficulty (large, shared by both
+    methods and by every point) plus small noise; the second method is `gap` nats worse at the midpoint only."""
+    units = np.repeat(np.arange(n_docs), windows_per_doc)
+    hard = 2.0 * rng.standard_normal(n_docs)[units]
+    noise = lambda: 0.05 * rng.standard_normal((3, len(units)))
+    first = MEANS[:, None] + hard + noise()
+    second = first + np.array([0.0, gap, 0.0])[:, None] + noise()
+    evaluation = {"window_count": np.ones(len(units)), "units": units, "weights": WEIGHTS, "vertices": [0, 2]}
+    return {**evaluation, "window_loss": first}, {**evaluation, "window_loss": second}
+
+
+def test_a_paired_difference_resamples_the_same_documents_for_both_methods():
+    from hf_rebasin.evaluation.intervals import paired_difference
+    first, second = _two_methods(np.random.default_rng(4))
+    diff = paired_difference(second, first, point=1, resamples=500)
+    barrier = lambda e: max(
+        e["window_loss"][k].mean() - (WEIGHTS[k][0] * e["window_loss"][0].mean()
+                                      + WEIGHTS[k][1] * e["window_loss"][2].mean()) for k in range(3))
+    assert math.isclose(diff["barrier"], barrier(second) - barrier(first), abs_tol=1e-12)
+    low, high = diff["barrier_interval"]
+    assert low < diff["barrier"] < high and high - low < 0.02  # the shared difficulty cancels: a narrow interval
+    assert abs(diff["barrier"] - 0.3) < high - low  # around the true gap
+    assert diff["loss_interval"][0] < diff["loss"] < diff["loss_interval"][1]
+    assert diff["bootstrap"]["paired"] and diff["bootstrap"]["units"] == 300
+    # each method's own interval is wide (document difficulty): the unpaired intervals could not separate them
+    single = path_intervals(first["window_loss"], first["window_count"], first["units"], WEIGHTS, [0, 2],
+                            resamples=500)
+    assert single["loss_interval"][1][1] - single["loss_interval"][1][0] > 10 * (high - low)
+    # the same evaluation against itself: every resample gives exactly 0 (the same draws for both)
+    assert paired_difference(first, first, point=1, resamples=200)["barrier_interval"] == [0.0, 0.0]
+
+
+def test_a_paired_difference_refuses_different_windows():
+    import pytest
+
+    from hf_rebasin.evaluation.intervals import paired_difference
+    first, second = _two_methods(np.random.default_rng(5))
+    with pytest.raises(ValueError, match="same windows"):
+        paired_difference(first, {**second, "units": np.arange(len(second["units"]))})
+
+
+def test_the_barrier_table_prints_paired_differences():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import barrier_table
+    first, second = _two_methods(np.random.default_rng(6))
+    evaluations = {"wm": {**first, "digest": "x"}, "dual": {**second, "digest": "x"},
+                   "am": {**second, "digest": "other windows"}}
+    rows = barrier_table.paired_rows("pair", {k: {**v, "units": list(v["units"]), "weights": [list(w) for w in WEIGHTS]}
+                                              for k, v in evaluations.items()})
+    assert [r["difference"] for r in rows] == ["dual − wm"]  # am was evaluated on other windows: not paired
+    table = barrier_table.paired_markdown(rows)
+    low, high = rows[0]["barrier_interval"]
+    assert f"| pair | dual − wm | {rows[0]['barrier']:+.3f} [{low:+.3f}, {high:+.3f}] |" in table
+    assert 0.28 < low < high < 0.32

@@ -103,7 +103,8 @@ def test_merge_output_and_protocol(tiny_dirs, tmp_path, text_file):
         assert (out / name).is_file(), name
     report = json.loads((out / "barrier.json").read_text())
     assert report["lambdas"] == [k / 10 for k in range(11)] and len(report["loss"]) == 11
-    assert report["data"]["tokens"] == 2048 and report["data"]["seq_len"] == 32
+    assert report["data"]["input_tokens"] == 2048 and report["data"]["seq_len"] == 32
+    assert report["data"]["tokens"] == 64 * 31  # predicted: 64 windows of 32 predict 31 tokens each
     assert report["perplexity"] == pytest.approx([math.exp(v) for v in report["loss"]])
     ends = report["endpoint_loss"]
     excess = [loss - ((1 - lam) * ends[0] + lam * ends[1]) for lam, loss in zip(report["lambdas"], report["loss"])]

@@ -528,7 +528,7 @@ def test_example_stdlib_recipe_runs(tmp_path, capsys):
     assert code == 0, err
     barrier = json.loads((tmp_path / "example" / "barrier.json").read_text())
     assert barrier["method"] == "wm" and Path(barrier["data"]["spec"]).resolve() == EXAMPLE_PAIR / "heldout.txt"
-    assert barrier["data"]["seq_len"] == 128 and barrier["data"]["tokens"] == 2048  # the recipe's and --set's
+    assert barrier["data"]["seq_len"] == 128 and barrier["data"]["input_tokens"] == 2048  # the recipe's and --set's
     assert [Path(m).resolve() for m in barrier["models"]] == [EXAMPLE_PAIR / "model-a", EXAMPLE_PAIR / "model-b"]
 
 

@@ -6,7 +6,10 @@ old one or a complete new one, and the next run succeeds (or resumes) and leaves
 
 The moments are stratified over the duration of one uninterrupted run of the same command (measured first), with
 seeded jitter, and the signals alternate in a seeded order: the same points on every run of the suite up to the
-machine's speed.  The counts below are the numbers of interruption points per scenario."""
+machine's speed.  A merge's export is a small part of its run, so some points of the merge scenarios are taken from
+the moment its staging folder appears instead (EXPORT_POINTS); where every signal landed (before, during or after
+the export, read just before it was sent) is asserted, and what the output is after it.  The counts below are the
+numbers of interruption points per scenario."""
 from __future__ import annotations
 
 import hashlib
@@ -39,6 +42,8 @@ MERGE_POINTS = 9  # a first merge (no output yet)
 FORCE_POINTS = 4  # a --force replacement of an earlier output
 LEARNED_POINTS = 4  # a learned run (--method dual) writing checkpoints
 PUSH_POINTS = 3  # a push to the (fake) Hub
+EXPORT_POINTS = {"merge": 3, "force": 2}  # of MERGE_POINTS / FORCE_POINTS: sent 0-EXPORT_JITTER s into the export
+EXPORT_JITTER = 0.05
 DOUBLE_SIGINT = "SIGINT twice"  # Ctrl-C, then Ctrl-C again at once: abort without waiting for the step
 LEARNED_STEPS, CHECKPOINT_EVERY = 40, 8
 LANES = 2  # interruption points checked side by side (one core each)
@@ -59,19 +64,23 @@ def run_to_end(args: list, env: dict) -> float:
     return time.monotonic() - start
 
 
-def interrupt(args: list, env: dict, delay: float, how, anchor=None) -> tuple[int, str]:
-    """Start hf-rebasin, send `how` (a signal, or DOUBLE_SIGINT) after `delay` s; return (exit code, stderr).
+def interrupt(args: list, env: dict, delay: float, how, anchor=None, phase=None) -> tuple[int, str, str | None]:
+    """Start hf-rebasin, send `how` (a signal, or DOUBLE_SIGINT) after `delay` s; return (exit code, stderr, where
+    it landed: phase() read just before the signal was sent, "after the end" when the run had finished first).
     anchor=(seen, at): a moment past `at` s is taken from when seen() first holds instead (the first checkpoint of
-    a learned run), so that a run slower than the measured one is still interrupted at the same stage."""
+    a learned run, the staging folder of an export), so that a run slower than the measured one is still
+    interrupted at the same stage."""
     proc = subprocess.Popen([*HF_REBASIN, *map(str, args)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     if anchor is not None and delay >= anchor[1]:
         while proc.poll() is None and not anchor[0]():
             time.sleep(0.01)
         delay -= anchor[1]
+    landed = "after the end"
     try:
         proc.wait(timeout=delay)  # it may finish first: then the point lies after the end
     except subprocess.TimeoutExpired:
+        landed = phase() if phase is not None else None
         if how == DOUBLE_SIGINT:
             proc.send_signal(signal.SIGINT)
             time.sleep(0.05)
@@ -97,7 +106,7 @@ def interrupt(args: list, env: dict, delay: float, how, anchor=None) -> tuple[in
             by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
             assert re.search(rf"hf-rebasin( \w+)?: interrupted{by}; nothing was left half-written$",
                              err.strip().splitlines()[-1]), err[-3000:]
-    return code, err
+    return code, err, landed
 
 
 def schedule(duration: float, n: int, rng: random.Random, kinds=(signal.SIGINT, signal.SIGKILL),
@@ -159,64 +168,112 @@ def in_lanes(points: list, check_point) -> list:
     """check_point(k, delay, how) for every point, LANES at a time (each point has its own folders; each run is
     single-threaded, so two lanes on two cores keep every run at its solo pace); the first failure is raised."""
     with ThreadPoolExecutor(LANES) as pool:
-        futures = [pool.submit(check_point, k, delay, how) for k, (delay, how) in enumerate(points)]
+        futures = [pool.submit(check_point, k, *point) for k, point in enumerate(points)]
         return [future.result() for future in futures]
 
 
+def with_export_points(points: list, n: int, rng: random.Random, kinds: tuple) -> list[tuple]:
+    """(delay, signal, False) for the stratified points but the last n, which become (jitter, signal, True): sent
+    that long after the staging folder of the export appears."""
+    signals = [kinds[k % len(kinds)] for k in range(n)]
+    rng.shuffle(signals)
+    return ([(delay, how, False) for delay, how in points[:len(points) - n]]
+            + [(EXPORT_JITTER * rng.random(), how, True) for how in signals])
+
+
+def export_anchor(work: Path) -> tuple:
+    return (lambda: bool(staging(work)), 0.0)
+
+
 def test_interrupted_first_merge(pair, env, reference, tmp_path):
-    """A merge into a new folder: after the kill the folder is absent or a complete output."""
+    """A merge into a new folder: after the kill the folder is absent or a complete output; a signal sent before
+    the export leaves no output, one sent during it leaves none or the whole output (a SIGKILL that left none left
+    its half-written staging folder, never the output's name), and some signals land during the export."""
     sources = tree_hashes(pair)
 
-    def check_point(k: int, delay: float, how) -> str:
+    def check_point(k: int, delay: float, how, at_export: bool) -> tuple[str, str]:
         work = tmp_path / f"point{k}"
         work.mkdir()
         out = work / "out"
         args = merge_args(pair, out, "wm")
-        interrupt(args, env, delay, how)
+
+        def phase() -> str:
+            return "during the export" if staging(work) else "after the export" if out.exists() else \
+                "before the export"
+
+        _, _, landed = interrupt(args, env, delay, how, anchor=export_anchor(work) if at_export else None,
+                                 phase=phase)
         assert tree_hashes(pair) == sources, (delay, how)
         if how != signal.SIGKILL:  # a signal the command handles: its staging is gone before it exits
             assert staging(work) == [], (delay, how)
         found = "complete" if out.exists() else "absent"
+        if landed == "before the export":
+            assert found == "absent", (delay, how)
+        if landed == "during the export" and how == signal.SIGKILL and found == "absent":
+            assert staging(work), (delay, how)  # killed mid-export: the half-written folder, under another name
         if out.exists():
             assert_complete_output(out, "wm")
         run_to_end([*args, "--force"] if out.exists() else args, env)
         assert_complete_output(out, "wm")
         assert staging(work) == [] and sorted(p.name for p in work.iterdir()) == ["out"], (delay, how)
-        return found
+        return landed, found
 
-    found = in_lanes(schedule(reference[0], MERGE_POINTS, random.Random(SEED),
-                              (signal.SIGINT, signal.SIGKILL, signal.SIGTERM)), check_point)
+    kinds = (signal.SIGINT, signal.SIGKILL, signal.SIGTERM)
+    rng = random.Random(SEED)
+    points = with_export_points(schedule(reference[0], MERGE_POINTS, rng, kinds), EXPORT_POINTS["merge"], rng, kinds)
+    found = in_lanes(points, check_point)
     assert len(found) == MERGE_POINTS and tree_hashes(pair) == sources
+    landed = [where for where, _ in found]
+    assert landed.count("during the export") >= EXPORT_POINTS["merge"] - 1, found  # (one may see the export end)
+    assert "before the export" in landed, found
 
 
 def test_interrupted_force_replacement(pair, env, reference, tmp_path):
-    """--force over an earlier output: after the kill the old output is byte-identical or the new one complete."""
+    """--force over an earlier output: after the kill the old output is byte-identical or the new one complete;
+    a signal sent before the export leaves the old one, and some signals land during the export."""
     sources = tree_hashes(pair)
     pristine = tmp_path / "pristine"
     run_to_end(merge_args(pair, pristine, "raw"), env)
     old = tree_hashes(pristine)
 
-    def check_point(k: int, delay: float, how) -> str:
+    def check_point(k: int, delay: float, how, at_export: bool) -> tuple[str, str]:
         work = tmp_path / f"point{k}"
         work.mkdir()
         out = work / "out"
         shutil.copytree(pristine, out)
         args = merge_args(pair, out, "wm", "--force")
-        interrupt(args, env, delay, how)
+
+        def phase() -> str:
+            try:
+                return "during the export" if staging(work) else "before the export" if tree_hashes(out) == old \
+                    else "after the export"
+            except FileNotFoundError:  # a file gone while it was read: the swap, at the end of the export
+                return "during the export"
+
+        _, _, landed = interrupt(args, env, delay, how, anchor=export_anchor(work) if at_export else None,
+                                 phase=phase)
         assert tree_hashes(pair) == sources, (delay, how)
         assert out.is_dir(), (delay, how)
         if how != signal.SIGKILL:  # a signal the command handles: its staging is gone before it exits
             assert staging(work) == [], (delay, how)
         found = "old" if tree_hashes(out) == old else "new"
+        if landed == "before the export":
+            assert found == "old", (delay, how)
+        if landed == "during the export" and how == signal.SIGKILL and found == "old":
+            assert staging(work), (delay, how)  # killed mid-export: the half-written folder, under another name
         if found == "new":
             assert_complete_output(out, "wm")  # the swap happened: the new output, whole
         run_to_end(args, env)
         assert_complete_output(out, "wm")
         assert staging(work) == [] and sorted(p.name for p in work.iterdir()) == ["out"], (delay, how)
-        return found
+        return landed, found
 
-    found = in_lanes(schedule(reference[0], FORCE_POINTS, random.Random(SEED + 1)), check_point)
+    kinds = (signal.SIGINT, signal.SIGKILL)
+    rng = random.Random(SEED + 1)
+    points = with_export_points(schedule(reference[0], FORCE_POINTS, rng), EXPORT_POINTS["force"], rng, kinds)
+    found = in_lanes(points, check_point)
     assert len(found) == FORCE_POINTS and tree_hashes(pair) == sources and tree_hashes(pristine) == old
+    assert [where for where, _ in found].count("during the export") >= 1, found
 
 
 def checkpoints(folder: Path) -> dict[str, str]:
@@ -258,7 +315,7 @@ def test_interrupted_learned_run_resumes(pair, env, tmp_path):
         work = tmp_path / f"point{k}"
         work.mkdir()
         out, ckpt = work / "out", work / "ckpt"
-        code, err = interrupt(args(out, ckpt), env, delay, how, anchor=(lambda: any(ckpt.glob("*.pt")),
+        code, err, _ = interrupt(args(out, ckpt), env, delay, how, anchor=(lambda: any(ckpt.glob("*.pt")),
                                                                           first_checkpoint))
         assert tree_hashes(pair) == sources, (delay, how)
         written = checkpoints(ckpt)
@@ -405,7 +462,7 @@ def test_signals_while_sampling_self_data(pair, env, tmp_path):
         cache = work / "self-samples"
         args = merge_args(pair, work / "out", "dual", "--steps", "20000", "--learn-batch-size", "32", "--train-data",
                           "self", "--self-samples-dir", cache, "--checkpoint-dir", work / "ckpt")
-        code, err = interrupt(args, env, delay, how, anchor=(lambda: any(cache.glob(".self-*.partial")), 0.0))
+        code, err, _ = interrupt(args, env, delay, how, anchor=(lambda: any(cache.glob(".self-*.partial")), 0.0))
         assert code == 128 + how, (delay, how, code, err[-3000:])  # sampling 10,000 windows outlasts the moment
         assert tree_hashes(pair) == sources, (delay, how)
         assert sorted(p.name for p in work.iterdir()) == ["self-samples"], (delay, how)  # no output, no checkpoint

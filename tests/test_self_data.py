@@ -105,7 +105,7 @@ def test_same_seed_same_tokens_other_seed_other_tokens(loaded, tokenizer, tmp_pa
     assert file_bytes(first) != file_bytes(other) and first.inputs.digest() != other.inputs.digest()
     assert first.inputs.path.name != other.inputs.path.name
     windows = first.inputs[:]
-    assert windows.shape == (11, SEQ_LEN) and first.info["tokens"] == 11 * SEQ_LEN
+    assert windows.shape == (11, SEQ_LEN) and first.info["tokens"] == 11 * (SEQ_LEN - 1)
     assert (windows[:, 0] == start_token(tokenizer)).all()  # every sequence starts with the start token
     assert len(set(map(tuple, windows.tolist()))) == 11  # and then goes its own way
 
@@ -233,7 +233,7 @@ def test_activation_matching_on_self_samples_from_the_command_line(pair, tmp_pat
         assert done.returncode == 0, done.stderr
     first, rerun = (json.loads((tmp_path / f"{run}.json").read_text()) for run in ("first", "rerun"))
     samples = first["settings"]["self_samples"]
-    assert samples["windows"] == 2 * 4 and samples["tokens"] == 8 * 32 and samples["per_model"] == [4, 4]
+    assert samples["windows"] == 2 * 4 and samples["tokens"] == 8 * 31 and samples["per_model"] == [4, 4]
     assert samples["sampling"]["seed"] == 3 and samples["sampling"]["temperature"] == 1.0
     assert samples["reused"] is False and rerun["settings"]["self_samples"]["reused"] is True
     assert rerun["settings"]["self_samples"]["digest"] == samples["digest"]

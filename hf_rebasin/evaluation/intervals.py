@@ -37,27 +37,71 @@ def resampled_counts(n_units: int, resamples: int, seed: int):
         yield np.bincount(draws.reshape(-1), minlength=r * n_units).reshape(r, n_units)
 
 
-def path_intervals(window_loss, window_count, units, weights, vertices, *, resamples: int = RESAMPLES,
-                   seed: int = SEED, level: float = LEVEL) -> dict:
-    """Intervals of every point's loss and of the barrier.
-    window_loss: [points, windows] summed losses; window_count: [windows] predicted tokens (images: 1);
-    units: [windows] unit ids (units_of); weights: [points, models] interpolation weights; vertices: the index of
-    each model's own point."""
+def unit_sums(window_loss, window_count, units) -> tuple[np.ndarray, np.ndarray]:
+    """(summed loss of each unit at every point [points, units], predicted tokens of each unit [units])."""
     window_loss = np.asarray(window_loss, dtype=np.float64)
     _, unit = np.unique(np.asarray(units), return_inverse=True)
     n_units = int(unit.max()) + 1
     unit_loss = np.zeros((len(window_loss), n_units))
     np.add.at(unit_loss.T, unit, window_loss.T)
     unit_count = np.bincount(unit, weights=np.asarray(window_count, dtype=np.float64), minlength=n_units)
+    return unit_loss, unit_count
+
+
+def resampled_path(counts, unit_loss, unit_count, weights, vertices) -> tuple[np.ndarray, np.ndarray]:
+    """(every point's loss [r, points], the barrier [r]) of r resamples, `counts` [r, units] the draws of each."""
     weights = np.asarray(weights, dtype=np.float64)
+    loss = (counts @ unit_loss.T) / (counts @ unit_count)[:, None]
+    excess = loss - loss[:, list(vertices)] @ weights.T
+    return loss, excess.max(axis=1)
+
+
+def path_intervals(window_loss, window_count, units, weights, vertices, *, resamples: int = RESAMPLES,
+                   seed: int = SEED, level: float = LEVEL) -> dict:
+    """Intervals of every point's loss and of the barrier.
+    window_loss: [points, windows] summed losses; window_count: [windows] predicted tokens (images: 1);
+    units: [windows] unit ids (units_of); weights: [points, models] interpolation weights; vertices: the index of
+    each model's own point."""
+    unit_loss, unit_count = unit_sums(window_loss, window_count, units)
     losses, barriers = [], []
-    for counts in resampled_counts(n_units, resamples, seed):
-        loss = (counts @ unit_loss.T) / (counts @ unit_count)[:, None]  # [r, points]
-        excess = loss - loss[:, list(vertices)] @ weights.T
+    for counts in resampled_counts(len(unit_count), resamples, seed):
+        loss, barrier = resampled_path(counts, unit_loss, unit_count, weights, vertices)
         losses.append(loss)
-        barriers.append(excess.max(axis=1))
+        barriers.append(barrier)
     losses, barriers = np.concatenate(losses), np.concatenate(barriers)
     tails = [50 * (1 - level), 50 * (1 + level)]
     return {"loss_interval": np.percentile(losses, tails, axis=0).T.tolist(),
             "barrier_interval": np.percentile(barriers, tails).tolist(),
-            "bootstrap": {"resamples": resamples, "seed": seed, "level": level, "units": n_units}}
+            "bootstrap": {"resamples": resamples, "seed": seed, "level": level, "units": len(unit_count)}}
+
+
+def paired_difference(first: dict, second: dict, *, point: int | None = None, resamples: int = RESAMPLES,
+                      seed: int = SEED, level: float = LEVEL) -> dict:
+    """first's barrier minus second's (and, given `point`, first's loss there minus second's), with the percentile
+    interval of a paired bootstrap: each resample draws the same units for both methods, so what the two share
+    (a hard document is hard for both) cancels in the difference.  Each argument is one method's evaluation on the
+    same windows: {"window_loss": [points, windows], "window_count": [windows], "units": [windows], "weights":
+    [points, models], "vertices": [models]} (pipeline.MergeResult.evaluation)."""
+    if (list(first["units"]) != list(second["units"])
+            or list(first["window_count"]) != list(second["window_count"])):
+        raise ValueError("a paired difference needs both methods evaluated on the same windows (same documents and "
+                         "predicted tokens); these evaluations differ")
+    sums = [unit_sums(e["window_loss"], e["window_count"], e["units"]) for e in (first, second)]
+
+    def measured(counts):
+        paths = [resampled_path(counts, loss, count, e["weights"], e["vertices"])
+                 for (loss, count), e in zip(sums, (first, second))]
+        barrier = paths[0][1] - paths[1][1]
+        return barrier, None if point is None else paths[0][0][:, point] - paths[1][0][:, point]
+
+    whole = measured(np.ones((1, len(sums[0][1]))))
+    draws = [measured(counts) for counts in resampled_counts(len(sums[0][1]), resamples, seed)]
+    tails = [50 * (1 - level), 50 * (1 + level)]
+    out = {"barrier": float(whole[0][0]),
+           "barrier_interval": np.percentile(np.concatenate([d[0] for d in draws]), tails).tolist(),
+           "bootstrap": {"resamples": resamples, "seed": seed, "level": level, "units": len(sums[0][1]),
+                         "paired": True}}
+    if point is not None:
+        out.update(loss=float(whole[1][0]),
+                   loss_interval=np.percentile(np.concatenate([d[1] for d in draws]), tails).tolist())
+    return out

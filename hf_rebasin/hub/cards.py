@@ -179,8 +179,12 @@ def eval_results(report: Report, evals: dict | None) -> list[EvalResult]:
 
 
 def data_detail(data: dict) -> str:
-    if "tokens" in data:
-        return f"{data['tokens']:,} tokens" + (f" in sequences of {data['seq_len']}" if data.get("seq_len") else "")
+    if "tokens" in data:  # predicted tokens (a window of S tokens predicts S - 1)
+        protocol = f", protocol {data['protocol']}" if data.get("protocol") else ""
+        if data.get("seq_len") and data.get("windows"):
+            return (f"{data['tokens']:,} predicted tokens ({data['windows']:,} windows of {data['seq_len']} tokens"
+                    f"{protocol})")
+        return f"{data['tokens']:,} predicted tokens" + (f" ({protocol[2:]})" if protocol else "")
     if "examples" in data:
         return f"{data['examples']:,} examples"
     return ""
@@ -202,7 +206,8 @@ def self_samples_line(report: Report) -> str | None:
     share = report.settings.get("learned", {}).get("soft_targets") if use == "trained on" else None
     target = (f"; the target {share:g} × the models' own prediction at the step's λ, mixed, and {1 - share:g} × the "
               "sampled next token" if share else "")
-    return (f"{use} {samples['tokens']:,} tokens sampled from the models themselves ({samples['windows']:,} "
+    return (f"{use} {samples['tokens']:,} predicted tokens of text sampled from the models themselves "
+            f"({samples['windows']:,} "
             f"windows of {sampling.get('seq_len')} tokens, {' / '.join(map(str, samples.get('per_model', [])))} "
             f"per model; {texts}; temperature "
             f"{sampling.get('temperature')}, top-p {sampling.get('top_p')}, seed {sampling.get('seed')}; token file "

@@ -242,7 +242,9 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
     fingerprint = {"models": [digest_graph(g) for g in graphs], "train_data": digest_data(train),
                    "settings": trajectory_settings(options, n, train.task)}
     resume_state = load_checkpoint(options.resume, fingerprint) if options.resume else None
-    train, holdout = split_holdout(train, options.holdout)
+    from ..sources.splits import eos_token_id
+    train, holdout, held_record = split_holdout(train, options.holdout,
+                                                eos_token_id(template) if train.task == "causal-lm" else None)
 
     frames, starts = starting_frames(graphs, start.transforms, options)
     learned = range(n) if method == "dual" else range(1, n)
@@ -279,7 +281,8 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
                 "wm": start.settings, "num_processes": accelerator.num_processes, "device": str(device),
                 "learned_parameters": sum(p.numel() for p in path_loss.parameters() if p.requires_grad),
                 "model_parameters": path_loss.model_parameters, "endpoint_storage": endpoint_storage(path_loss),
-                "train_data": dict(train.info or {}), "peak_memory": peak_memory(device), "notes": []}
+                "train_data": dict(train.info or {}), "holdout": held_record, "peak_memory": peak_memory(device),
+                "notes": []}
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         accelerator.end_training()
@@ -311,26 +314,27 @@ def endpoint_storage(path_loss) -> dict:
     return {"bytes_per_process": int(local), "bytes_total": int(total)}
 
 
-def split_holdout(data, n: int | None):
-    """(the examples trained on, the `n` held out for choosing the returned parameters: spread evenly over the
-    data, so that sorted data (an ImageFolder's classes, a text's sections) is covered), or (data, None).
-    n = None: min(DEFAULT_HOLDOUT, an eighth of the examples)."""
+def split_holdout(data, n: int | None, eos: int | None = None):
+    """(the examples trained on, the `n` held out for choosing the returned parameters, the record of how), or
+    (data, None, None).  Text: whole documents kept out of training, spread over the data (documents end with
+    `eos`; sources/splits.held_out_documents), so that no held-out window is a neighbour of one trained on;
+    independent examples (images, `self` samples) spread evenly, so that sorted data (an ImageFolder's classes) is
+    covered.  n = None: min(DEFAULT_HOLDOUT, an eighth of the examples)."""
     from ..sources.eval_data import EvalData
+    from ..sources.splits import held_out_documents
     total = len(data.inputs)
     n = min(DEFAULT_HOLDOUT, total // 8) if n is None else n
     if n == 0:
-        return data, None
+        return data, None, None
     if n >= total:
         raise OptionError(f"--holdout {n} keeps every one of the {total} training examples out of the optimisation; "
                           "lower --holdout (0 turns the selection off) or give more --train-data")
-    held = torch.linspace(0, total - 1, n).round().long().unique()
-    kept = torch.ones(total, dtype=torch.bool)
-    kept[held] = False
-    fit = torch.nonzero(kept).flatten()
+    fit, held, record = held_out_documents(data, n, eos)
+    fit, held = torch.tensor(fit, dtype=torch.long), torch.tensor(held, dtype=torch.long)
     inputs = data.inputs[fit] if isinstance(data.inputs, Tensor) else data.inputs.select(fit)  # TokenWindows
     labels = data.labels
     return (EvalData(data.task, inputs, None if labels is None else labels[fit], data.info),
-            EvalData(data.task, data.inputs[held], None if labels is None else labels[held], data.info))
+            EvalData(data.task, data.inputs[held], None if labels is None else labels[held], data.info), record)
 
 
 def peak_memory(device: torch.device) -> dict:

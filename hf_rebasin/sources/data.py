@@ -311,12 +311,18 @@ def token_windows(texts: list[str], tokenizer, seq_len: int, max_tokens: int | N
     return torch.tensor(ids[:n_windows * seq_len], dtype=torch.long).view(n_windows, seq_len)
 
 
+def window_counts(windows: int, seq_len: int) -> dict:
+    """The counts a report gives of token windows: ``tokens`` the predicted tokens (every window predicts all its
+    tokens but the first), ``input_tokens`` the tokens read, ``windows`` and ``seq_len``."""
+    return {"tokens": windows * (seq_len - 1), "input_tokens": windows * seq_len, "seq_len": seq_len,
+            "windows": windows}
+
+
 def load_token_windows(spec: str, tokenizer, seq_len: int, max_tokens: int | None = None, text_field: str = "text",
                        max_tokens_flag: str = "--max-eval-tokens") -> tuple[torch.Tensor, dict]:
     """``read_texts`` then ``token_windows``; also the ``data`` record for barrier.json."""
     windows = token_windows(read_texts(spec, text_field=text_field), tokenizer, seq_len, max_tokens, max_tokens_flag)
-    n_windows = windows.shape[0]
-    return windows, {"spec": spec, "tokens": n_windows * seq_len, "seq_len": seq_len, "windows": n_windows}
+    return windows, {"spec": spec, **window_counts(windows.shape[0], seq_len)}
 
 
 def split_text(text: str, fractions: tuple[float, float, float] = (0.9, 0.05, 0.05)) -> tuple[str, str, str]:

@@ -20,6 +20,9 @@ class EvalData:
     inputs: Tensor  # token windows (n, seq_len) or images (n, C, H, W); training windows may be a TokenWindows
     labels: Tensor | None = None  # class labels for images
     info: dict | None = None
+    # the document each example's first token belongs to, where the data records it (a protocol that joins
+    # documents without an EOS token); else documents are found by EOS tokens (evaluation/intervals.units_of)
+    units: list[int] | None = None
 
 
 def load_eval_data(spec: str, template: Loaded, *, seq_len: int | None, max_tokens: int | None,

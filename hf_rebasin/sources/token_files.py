@@ -138,8 +138,8 @@ def open_token_windows(spec: str, seq_len: int, vocab_size: int, max_tokens: int
     if top >= vocab_size:
         raise DataError(f"{flag} {spec} holds token id {top}, outside this model's vocabulary of {vocab_size:,} ids: "
                         "it was tokenised for another model. Tokenise the text again with `hf-rebasin tokenize`")
-    info = {"spec": str(spec), "tokens": windows.numel(), "seq_len": seq_len, "windows": len(windows),
-            "memory_mapped": True}
+    from .data import window_counts
+    info = {"spec": str(spec), **window_counts(len(windows), seq_len), "memory_mapped": True}
     if meta.get("source"):
         info["tokenized_from"] = meta["source"]
     return windows, info
