@@ -106,9 +106,13 @@ class PathOfEnds(nn.Module):
         target = None
         if self.soft_targets and torch.is_grad_enabled():
             with torch.no_grad():
-                target = sum(w * self.endpoint_logits(inputs, k, rows).float().softmax(-1)
-                             for k, w in enumerate(self.weights(lam)) if w)
+                target = self.soft_target(inputs, self.weights(lam), rows)
         return self.task_loss(self.logits(inputs, lam, rows), inputs, labels, target)
+
+    def soft_target(self, inputs: Tensor, weights: list[float], rows: Tensor | None) -> Tensor:
+        """sum_k w_k softmax(logits_k) over the endpoints of nonzero weight, each run on its own (endpoint_logits)."""
+        return mixed([(w, self.endpoint_logits(inputs, k, rows).float().softmax(-1)) for k, w in enumerate(weights)
+                      if w])
 
     def endpoint_logits(self, inputs: Tensor, k: int, rows: Tensor | None) -> Tensor:
         """Endpoint k's predictions on the batch: the path's vertex k, which is endpoint k's frozen tensors as they
@@ -134,6 +138,43 @@ class PathOfEnds(nn.Module):
             return hard
         soft = -(target * log_p).sum(-1).mean()
         return (1.0 - self.soft_targets) * hard + self.soft_targets * soft
+
+
+def mixed(terms: list[tuple[float, Tensor]]) -> Tensor:
+    """sum_k w_k p_k of (w_k, p_k): the first product, then one add (w_k p_k) per other term."""
+    total = terms[0][1] * terms[0][0]
+    for w, p in terms[1:]:
+        total = total + p * w
+    return total
+
+
+def stacked(graphs: list[Graph], device) -> tuple[dict[str, Tensor], list[Graph]]:
+    """(every tensor of the endpoints on `device`, stacked along a leading model axis; the endpoints as graphs of views
+    of those stacks): no second copy (a key at a time), the layout of `stored` (a view [k] of a contiguous stack is
+    contiguous, with the same strides), and one batched forward runs every endpoint at once (`batched_soft_target`)."""
+    stacks = {key: torch.stack([g.params[key].to(device) for g in graphs]) for key in graphs[0].params}
+    return stacks, [g.replace({key: v[k] for key, v in stacks.items()}) for k, g in enumerate(graphs)]
+
+
+def batched_soft_target(path: PathOfEnds, stacks: dict[str, Tensor], first: Graph, inputs: Tensor,
+                        weights: list[float]) -> Tensor:
+    """PathOfEnds.soft_target with every endpoint run by one batched forward: torch.func.vmap over the model axis of
+    `stacks` (the adapter's conversion and the model's forward, each op once for all endpoints instead of once per
+    endpoint); the same values to float rounding (the batched products may sum in another order).  The endpoints
+    share one norm eps (`first`'s; the caller checks)."""
+    from torch.func import vmap
+    adapter, config, dtype = path.template.adapter, path.template.config, path.autocast_dtype
+
+    def logits(params: dict[str, Tensor]) -> Tensor:
+        state_dict, _ = adapter.from_canonical(first.replace(params), config)
+        return path.run_model(state_dict, inputs)
+
+    with torch.autocast(inputs.device.type, dtype=dtype) if dtype else nullcontext():
+        for module, attr in path.norms:
+            setattr(module, attr, first.norm_eps)
+        batched = vmap(logits)(stacks)
+    probs = batched.float().softmax(-1)
+    return mixed([(w, probs[k]) for k, w in enumerate(weights) if w])
 
 
 def stored(graph: Graph, dtype: torch.dtype | None) -> Graph:
