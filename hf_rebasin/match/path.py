@@ -110,9 +110,14 @@ class PathOfEnds(nn.Module):
         return self.task_loss(self.logits(inputs, lam, rows), inputs, labels, target)
 
     def soft_target(self, inputs: Tensor, weights: list[float], rows: Tensor | None) -> Tensor:
-        """sum_k w_k softmax(logits_k) over the endpoints of nonzero weight, each run on its own (endpoint_logits)."""
-        return mixed([(w, self.endpoint_logits(inputs, k, rows).float().softmax(-1)) for k, w in enumerate(weights)
-                      if w])
+        """sum_k w_k softmax(logits_k) over the endpoints of nonzero weight, each run on its own (endpoint_logits), one
+        at a time."""
+        target = None
+        for k, w in enumerate(weights):
+            if w:
+                term = w * self.endpoint_logits(inputs, k, rows).float().softmax(-1)
+                target = term if target is None else target + term
+        return target
 
     def endpoint_logits(self, inputs: Tensor, k: int, rows: Tensor | None) -> Tensor:
         """Endpoint k's predictions on the batch: the path's vertex k, which is endpoint k's frozen tensors as they
@@ -140,14 +145,6 @@ class PathOfEnds(nn.Module):
         return (1.0 - self.soft_targets) * hard + self.soft_targets * soft
 
 
-def mixed(terms: list[tuple[float, Tensor]]) -> Tensor:
-    """sum_k w_k p_k of (w_k, p_k): the first product, then one add (w_k p_k) per other term."""
-    total = terms[0][1] * terms[0][0]
-    for w, p in terms[1:]:
-        total = total + p * w
-    return total
-
-
 def stacked(graphs: list[Graph], device) -> tuple[dict[str, Tensor], list[Graph]]:
     """(every tensor of the endpoints on `device`, stacked along a leading model axis; the endpoints as graphs of views
     of those stacks): no second copy (a key at a time), the layout of `stored` (a view [k] of a contiguous stack is
@@ -173,8 +170,13 @@ def batched_soft_target(path: PathOfEnds, stacks: dict[str, Tensor], first: Grap
         for module, attr in path.norms:
             setattr(module, attr, first.norm_eps)
         batched = vmap(logits)(stacks)
-    probs = batched.float().softmax(-1)
-    return mixed([(w, probs[k]) for k, w in enumerate(weights) if w])
+    # one endpoint's probabilities at a time (fp32 straight from its logits), added into the mixture in place: the
+    # peak is the logits, the mixture and one endpoint's probabilities, as when the endpoints ran one by one
+    (first_weight, first), *others = [(w, k) for k, w in enumerate(weights) if w]
+    target = torch.softmax(batched[first], -1, dtype=torch.float32).mul_(first_weight)
+    for w, k in others:
+        target.add_(torch.softmax(batched[k], -1, dtype=torch.float32), alpha=w)
+    return target
 
 
 def stored(graph: Graph, dtype: torch.dtype | None) -> Graph:
