@@ -11,8 +11,10 @@ from hf_rebasin import tiny
 from hf_rebasin.core import symmetry
 from hf_rebasin.core.canonical import interpolate, residual_role
 from hf_rebasin.match.action import Action, combine, graph_share
+from hf_rebasin.match.blocks import read_block, read_keys
 from hf_rebasin.match.cuda_rules import check_plain_step, check_step
 from hf_rebasin.match.learned import tf32_matmuls
+from hf_rebasin.match.path import stored
 from hf_rebasin.sources import models
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -27,14 +29,18 @@ def test_the_folded_action_is_the_plain_action(kind, tiny_dirs, tmp_path):
     if b.spec.scale_exact:
         t.scale = torch.tensor(1.3)
     factor, w = torch.tensor(0.8), 0.35
-    point = combine([({}, a.params), graph_share(b, Action.of(t, w, factor, b.spec))], [1 - w, w], factor)
+    blocked = stored(b, None)  # each layer's reads and writes in one block each (the learned step's layout)
+    assert read_block([blocked.params[k] for k in read_keys(blocked.params, 0)]) is not None
+    points = [combine([({}, a.params), graph_share(g, Action.of(t, w, factor, b.spec))], [1 - w, w], factor)
+              for g in (b, blocked)]
     moved = symmetry.apply(b, symmetry.Transform(t.rotation, float(t.scale), t.head_perm, t.qk_maps, t.ov_maps,
                                                  t.ffn_perm, t.glu_scale))
     expected = interpolate([a, moved], [1 - w, w]).params
-    assert point.keys() == expected.keys()
-    for key, value in expected.items():
-        value = value * factor if residual_role(key) == "write" else value
-        assert (point[key] - value).abs().max() <= 1e-5 * (1 + value.abs().max()), key
+    for point in points:
+        assert point.keys() == expected.keys()
+        for key, value in expected.items():
+            value = value * factor if residual_role(key) == "write" else value
+            assert (point[key] - value).abs().max() <= 1e-5 * (1 + value.abs().max()), key
 
 
 def test_tf32_is_on_inside_the_block_only():

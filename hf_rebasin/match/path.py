@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from ..core.canonical import Graph
 from ..core.symmetry import Transform
+from .blocks import blocked, from_recipe, tiled_bases, view_recipe
 from .params import SymmetryParams
 
 
@@ -147,10 +148,25 @@ class PathOfEnds(nn.Module):
 
 def stacked(graphs: list[Graph], device) -> tuple[dict[str, Tensor], list[Graph]]:
     """(every tensor of the endpoints on `device`, stacked along a leading model axis; the endpoints as graphs of views
-    of those stacks): no second copy (a key at a time), the layout of `stored` (a view [k] of a contiguous stack is
-    contiguous, with the same strides), and one batched forward runs every endpoint at once (`batched_soft_target`)."""
-    stacks = {key: torch.stack([g.params[key].to(device) for g in graphs]) for key in graphs[0].params}
-    return stacks, [g.replace({key: v[k] for key, v in stacks.items()}) for k, g in enumerate(graphs)]
+    of those stacks): no second copy (a key or a block at a time), the layout of `stored` (a layer's blocks stacked
+    whole, each endpoint's tensors views of its own), and one batched forward runs every endpoint at once
+    (`batched_soft_target`)."""
+    first, n = graphs[0].params, len(graphs)
+    stacks, views, bases, blocks = {}, [{} for _ in graphs], {}, tiled_bases(first)
+    for key, value in first.items():
+        recipe = view_recipe(value) if id(value._base) in blocks else None
+        if recipe is None or any(view_recipe(g.params[key]) != recipe for g in graphs[1:]):
+            stacks[key] = torch.stack([g.params[key].to(device) for g in graphs])
+            for k in range(n):
+                views[k][key] = stacks[key][k]
+            continue
+        if id(value._base) not in bases:
+            bases[id(value._base)] = torch.stack([g.params[key]._base.to(device) for g in graphs])
+        base = bases[id(value._base)]
+        stacks[key] = from_recipe(base, recipe, lead=((n, base.stride(0)),))
+        for k in range(n):
+            views[k][key] = from_recipe(base[k], recipe)
+    return stacks, [g.replace(v) for g, v in zip(graphs, views)]
 
 
 def batched_soft_target(path: PathOfEnds, stacks: dict[str, Tensor], first: Graph, inputs: Tensor,
@@ -172,20 +188,26 @@ def batched_soft_target(path: PathOfEnds, stacks: dict[str, Tensor], first: Grap
         batched = vmap(logits)(stacks)
     # one endpoint's probabilities at a time (fp32 straight from its logits), added into the mixture in place: the
     # peak is the logits, the mixture and one endpoint's probabilities, as when the endpoints ran one by one
-    (first_weight, first), *others = [(w, k) for k, w in enumerate(weights) if w]
-    target = torch.softmax(batched[first], -1, dtype=torch.float32).mul_(first_weight)
+    (first_weight, k0), *others = [(w, k) for k, w in enumerate(weights) if w]
+    target = torch.softmax(batched[k0], -1, dtype=torch.float32).mul_(first_weight)
     for w, k in others:
         target.add_(torch.softmax(batched[k], -1, dtype=torch.float32), alpha=w)
     return target
 
 
 def stored(graph: Graph, dtype: torch.dtype | None) -> Graph:
-    """The graph with its floating-point tensors in `dtype` (kept when None) and contiguous: the whole model and the
-    layered path (FrozenTensors) hold one layout, so that their head maps' batched products (action.py), whose CPU
-    rounding depends on the layout, give the same steps."""
+    """The graph with its floating-point tensors in `dtype` (kept when None), contiguous, and each layer's reads and
+    writes in one block each (blocks.blocked; a layer at a time): the whole model and the layered path
+    (FrozenTensors) hold one layout, so that their products (action.py), whose CPU rounding depends on the layout,
+    give the same steps."""
     def kept(v: Tensor) -> Tensor:  # one copy at most (`to` keeps a tensor of the same dtype as it is)
         if not v.is_floating_point():
             return v
         return v.contiguous() if dtype in (None, v.dtype) else v.to(dtype, memory_format=torch.contiguous_format)
-    return graph.replace({k: kept(v) for k, v in graph.params.items()})
-
+    parts: dict[str, dict[str, Tensor]] = {}
+    for key, value in graph.params.items():
+        parts.setdefault(".".join(key.split(".")[:2]) if key.startswith("layers.") else "", {})[key] = value
+    params: dict[str, Tensor] = {}
+    for part in parts.values():
+        params.update(blocked({k: kept(v) for k, v in part.items()}))
+    return graph.replace({k: params[k] for k in graph.params})
