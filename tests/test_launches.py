@@ -60,9 +60,11 @@ def neox(tiny_dirs, tmp_path_factory):
 
 
 # launches of a dual step over those of a plain training step of the model (forward, backward, fused AdamW), tiny
-# GPT-NeoX under CUDA's rules: what the folded action measured (2.87, 3.18, 3.39, 4.02; before it 3.55, 3.87, 4.39,
-# 7.20) and 3 % more; one more op per tensor (an elementwise product, a cast of a small matrix per use) exceeds them
-BOUNDS = {("bf16", False, 0.0): 2.95, ("fp32", False, 0.0): 3.28, ("bf16", True, 0.0): 3.5, ("bf16", False, 1.0): 4.15}
+# GPT-NeoX under CUDA's rules: what was measured with each layer's reads and writes in one block and the soft target's
+# endpoints run batched (2.62, 2.89, 3.06, 3.32; before: 2.78, 3.08, 3.29, 3.94; before the folded action 3.55, 3.87,
+# 4.39, 7.20) and 3 % more; one more op per tensor (an elementwise product, a cast of a small matrix per use)
+# exceeds them
+BOUNDS = {("bf16", False, 0.0): 2.70, ("fp32", False, 0.0): 2.98, ("bf16", True, 0.0): 3.15, ("bf16", False, 1.0): 3.42}
 
 
 @pytest.mark.parametrize(("precision", "layered", "soft"), list(BOUNDS))
