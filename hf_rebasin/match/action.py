@@ -6,8 +6,12 @@ products, arranged so that a step launches few kernels (BENCHMARKS.md, "Launches
 
 * the scalars fold into the small matrices made once per step: reads use w G, writes w g r G (g the residual
   scale, r the write factor of PathOfEnds.eps_and_write_factor), post-norm gains w g |G|;
-* a tensor's per-head maps and FFN factors act first and the residual map last, so the weight w rides on the
-  residual map and no tensor needs an elementwise product of its own, in the forward or the backward;
+* the weight w rides on the residual map, so no tensor needs an elementwise product of its own, in the forward or the
+  backward;
+* where a layer's reads (writes) are views of one block (blocks.py, the layout path.stored gives the endpoints), the
+  residual map acts on the block by one product, split back into the tensors, and their per-head maps and GLU
+  scales act after it (they commute with it); elsewhere (a start with permutations, which copy) a tensor's maps act
+  first and the residual map last;
 * the per-head maps of all layers are built at once, stacked (L, n, hd, hd), and a tensor's head maps act as one
   batched product on a view of it (heads as the batch, no copy): O(n·hd²) memory per map, never a block-diagonal
   (n·hd)² matrix; a read's bias, which the residual map does not touch, takes the maps times w;

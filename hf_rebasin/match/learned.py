@@ -276,6 +276,7 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
     dtype = autocast_dtype(options, device)
     tf32 = device.type == "cuda" and dtype is None  # fp32 learning on a GPU: its matrix products in TF32
     path_loss = path_loss_for(frames, ends, template, train.task, dtype, options, accelerator, device)
+    del frames  # the path holds its own layout of them (path.stored: a layer's reads and writes in blocks)
     check_same_start(accelerator, {"models": fingerprint["models"],
                                    "matching": [exact_digest(t.to_tensors()) for t in start.transforms],
                                    "parameters": exact_digest(path_loss.learned_state())})
