@@ -109,9 +109,10 @@ class PathLoss(PathOfEnds):
         self.graphs = dict(zip(self.graphs, graphs))
 
     def soft_target(self, inputs: Tensor, weights: list[float], rows: Tensor | None) -> Tensor:
-        """PathOfEnds.soft_target, by one batched forward of the endpoints when they are stacked (stack_ends) and share
-        one norm eps (the model runs with one)."""
-        if self.stacks is None or len({g.norm_eps for g in self.graphs.values()}) > 1:
+        """PathOfEnds.soft_target, by one batched forward of the endpoints when they are stacked (stack_ends), share one
+        norm eps (the model runs with one) and are language models (timm's patch convolution fails under vmap with
+        autocast: its bias keeps the weights' dtype while the input is cast)."""
+        if self.stacks is None or self.task != "causal-lm" or len({g.norm_eps for g in self.graphs.values()}) > 1:
             return super().soft_target(inputs, weights, rows)
         return batched_soft_target(self, self.stacks, self.graphs["0"], inputs, weights)
 
