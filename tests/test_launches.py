@@ -11,8 +11,10 @@ from hf_rebasin import tiny
 from hf_rebasin.core import symmetry
 from hf_rebasin.core.canonical import interpolate, residual_role
 from hf_rebasin.match.action import Action, combine, graph_share
+from hf_rebasin.match.blocks import read_block, read_keys
 from hf_rebasin.match.cuda_rules import check_plain_step, check_step
 from hf_rebasin.match.learned import tf32_matmuls
+from hf_rebasin.match.path import stored
 from hf_rebasin.sources import models
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -27,15 +29,19 @@ def test_the_folded_action_is_the_plain_action(kind, tiny_dirs, tmp_path):
     if b.spec.scale_exact:
         t.scale = torch.tensor(1.3)
     factor, w = torch.tensor(0.8), 0.35
-    point = combine([({}, a.params), graph_share(b, Action.of(t, w, factor, b.spec))], [1 - w, w], factor)
+    blocked = stored(b, None)  # each layer's reads and writes in one block each (the learned step's layout)
+    assert read_block([blocked.params[k] for k in read_keys(blocked.params, 0)]) is not None
+    points = [combine([({}, a.params), graph_share(g, Action.of(t, w, factor, b.spec))], [1 - w, w], factor)
+              for g in (b, blocked)]
     moved = symmetry.apply(b, symmetry.Transform(t.rotation, float(t.scale), t.head_perm, t.qk_maps, t.ov_maps,
                                                  t.ffn_perm, t.glu_scale, t.expert_perm, t.expert_unit_perm,
                                                  t.expert_glu_scale))
     expected = interpolate([a, moved], [1 - w, w]).params
-    assert point.keys() == expected.keys()
-    for key, value in expected.items():
-        value = value * factor if residual_role(key) == "write" else value
-        assert (point[key] - value).abs().max() <= 1e-5 * (1 + value.abs().max()), key
+    for point in points:
+        assert point.keys() == expected.keys()
+        for key, value in expected.items():
+            value = value * factor if residual_role(key) == "write" else value
+            assert (point[key] - value).abs().max() <= 1e-5 * (1 + value.abs().max()), key
 
 
 def test_tf32_is_on_inside_the_block_only():
@@ -55,9 +61,11 @@ def neox(tiny_dirs, tmp_path_factory):
 
 
 # launches of a dual step over those of a plain training step of the model (forward, backward, fused AdamW), tiny
-# GPT-NeoX under CUDA's rules: what the folded action measured (2.87, 3.18, 3.39, 4.02; before it 3.55, 3.87, 4.39,
-# 7.20) and 3 % more; one more op per tensor (an elementwise product, a cast of a small matrix per use) exceeds them
-BOUNDS = {("bf16", False, 0.0): 2.95, ("fp32", False, 0.0): 3.28, ("bf16", True, 0.0): 3.5, ("bf16", False, 1.0): 4.15}
+# GPT-NeoX under CUDA's rules: what was measured with each layer's reads and writes in one block and the soft target's
+# endpoints run batched (2.62, 2.89, 3.06, 3.32; before: 2.78, 3.08, 3.29, 3.94; before the folded action 3.55, 3.87,
+# 4.39, 7.20) and 3 % more; one more op per tensor (an elementwise product, a cast of a small matrix per use)
+# exceeds them
+BOUNDS = {("bf16", False, 0.0): 2.70, ("fp32", False, 0.0): 2.98, ("bf16", True, 0.0): 3.15, ("bf16", False, 1.0): 3.42}
 
 
 @pytest.mark.parametrize(("precision", "layered", "soft"), list(BOUNDS))

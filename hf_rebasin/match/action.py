@@ -6,8 +6,12 @@ products, arranged so that a step launches few kernels (BENCHMARKS.md, "Launches
 
 * the scalars fold into the small matrices made once per step: reads use w G, writes w g r G (g the residual
   scale, r the write factor of PathOfEnds.eps_and_write_factor), post-norm gains w g |G|;
-* a tensor's per-head maps and FFN factors act first and the residual map last, so the weight w rides on the
-  residual map and no tensor needs an elementwise product of its own, in the forward or the backward;
+* the weight w rides on the residual map, so no tensor needs an elementwise product of its own, in the forward or the
+  backward;
+* where a layer's reads (writes) are views of one block (blocks.py, the layout path.stored gives the endpoints), the
+  residual map acts on the block by one product, split back into the tensors, and their per-head maps and GLU
+  scales act after it (they commute with it); elsewhere (a start with permutations, which copy) a tensor's maps act
+  first and the residual map last;
 * the per-head maps of all layers are built at once, stacked (L, n, hd, hd), and a tensor's head maps act as one
   batched product on a view of it (heads as the batch, no copy): O(n·hd²) memory per map, never a block-diagonal
   (n·hd)² matrix; a read's bias, which the residual map does not touch, takes the maps times w;
@@ -25,6 +29,7 @@ from torch import Tensor
 from ..core.canonical import Spec, layer_key, residual_role
 from ..core.experts import transform_experts
 from ..core.symmetry import Transform, permute_layer_heads
+from .blocks import read_block, read_keys, write_block, write_keys
 
 
 def heads_times(x: Tensor, maps: Tensor) -> Tensor:
@@ -89,10 +94,10 @@ class Action:
             inverse = torch.linalg.inv_ex(ov)[0]
             o_left = _layers(cast(inverse if gs == 1 else torch.repeat_interleave(inverse, gs, dim=1)), n)
             right.update(v=_layers(cast(ov), n), v_bias=_layers(cast(ov * weight), n))
-        glu = _stacked(t.glu_scale)  # (elementwise: kept fp32, as the plain action multiplies)
+        glu = _stacked(t.glu_scale)  # up and down scale the products (cast once); an up bias is scaled in fp32
         return Action(t, cast(rotation * weight), cast(rotation * (scale * weight)), gain, right, o_left,
-                      _layers(glu, n), _layers(None if glu is None else glu * weight, n),
-                      _layers(None if glu is None else glu.reciprocal(), n))
+                      _layers(None if glu is None else cast(glu), n), _layers(None if glu is None else glu * weight, n),
+                      _layers(None if glu is None else cast(glu.reciprocal()), n))
 
 
 def _permuted(params: dict[str, Tensor], i: int, spec: Spec, t: Transform) -> dict[str, Tensor]:
@@ -111,18 +116,39 @@ def _permuted(params: dict[str, Tensor], i: int, spec: Spec, t: Transform) -> di
     return p
 
 
+def _times(x: Tensor, m: Tensor) -> Tensor:
+    """x @ m, a vector x by one mm (matmul would add an in-place squeeze)."""
+    return x @ m if x.dim() == 2 else (x.unsqueeze(0) @ m).squeeze(0)
+
+
 def _residual(key: str, x: Tensor, act: Action) -> Tensor | None:
     """w · the residual map of the tensor (None: the residual map leaves it alone)."""
     role = residual_role(key)
     if role == "read":
         return act.read.T @ x
     if role == "write":
-        return x @ act.write
+        return _times(x, act.write)
     if role == "norm_bias":
-        return x @ act.read
+        return _times(x, act.read)
     if role == "gain":
-        return x @ act.gain
+        return _times(x, act.gain)
     return None
+
+
+def _by_block(p: dict[str, Tensor], i: int, act: Action) -> dict[str, Tensor]:
+    """w · the residual map of layer i's reads and of its writes, one product per block where they are views of one
+    (blocks.py), split back into the tensors (one split: its gradient is one concatenation)."""
+    out = {}
+    reads = read_keys(p, i)
+    block = read_block([p[k] for k in reads])
+    if block is not None:
+        out.update(zip(reads, (act.read.T @ block).split([p[k].shape[1] for k in reads], dim=1)))
+    writes = write_keys(p, i)
+    block = write_block([p[k] for k in writes])
+    if block is not None:
+        parts = (block @ act.write).split([p[k].shape[0] if p[k].dim() == 2 else 1 for k in writes], dim=0)
+        out.update({k: part if p[k].dim() == 2 else part.squeeze(0) for k, part in zip(writes, parts)})
+    return out
 
 
 def outside_share(params: dict[str, Tensor], act: Action) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -138,11 +164,13 @@ def layer_share(params: dict[str, Tensor], i: int, spec: Spec, act: Action) -> t
                                                                                     dict[str, Tensor]]:
     """(w · t of layer i's tensors that t's continuous part moves, the others permuted)."""
     p = _permuted(params, i, spec, act.t)
+    done = _by_block(p, i, act)  # (the residual map first there: it commutes with the maps and scales below)
     suffix = lambda k: k.split(".", 2)[2]
     moved, still = {}, {}
     for key, x in p.items():
         name = suffix(key)
         role = residual_role(key)
+        x = done.get(key, x)
         bare = name.removeprefix("attn.").removeprefix("mlp.")
         maps = act.right.get(bare, [None] * spec.n_layers)[i]
         if maps is not None:
@@ -155,7 +183,7 @@ def layer_share(params: dict[str, Tensor], i: int, spec: Spec, act: Action) -> t
             x, maps = x * act.up_bias[i], True
         elif name == "mlp.down" and act.down[i] is not None:
             x = x * act.down[i][:, None]
-        out = _residual(key, x, act)
+        out = x if key in done else _residual(key, x, act)
         if out is not None:
             moved[key] = out
         elif role is None and maps is not None:  # a bias the weighted maps moved

@@ -28,22 +28,34 @@ from torch import Tensor, nn
 from ..core.canonical import Graph
 from ..sources.layerwise import OnDemandLayer, norm_modules, swap_layers
 from .action import Action, combine, layer_share, outside_share
+from .blocks import from_recipe, tiled_bases, view_recipe
 from .params import SymmetryParams
 from .path import PathOfEnds, stored, strip_parameters
 
 
 class FrozenTensors(nn.Module):
-    """A dict of frozen tensors held as parameters (so that FSDP shards them); names keep their dots."""
+    """A dict of frozen tensors held as parameters (so that FSDP shards them); names keep their dots.  Views that tile
+    a block (blocks.py: a layer's reads, its writes) are held as the block and given back as views of it."""
 
     def __init__(self, tensors: dict[str, Tensor]):
         super().__init__()
-        self.names = list(tensors)
-        for j, value in enumerate(tensors.values()):
-            # FSDP shards only contiguous tensors (a fused QKV split per head is a strided view)
-            self.register_parameter(f"t{j}", nn.Parameter(value.contiguous(), requires_grad=False))
+        self.names, self.recipes, held = list(tensors), [], {}
+        blocks = tiled_bases(tensors)
+        for value in tensors.values():
+            whole = id(value._base) in blocks
+            source = value._base if whole else value
+            if id(source) not in held:
+                held[id(source)] = len(held)
+                # FSDP shards only contiguous tensors (a fused QKV split per head is a strided view)
+                self.register_parameter(f"t{held[id(source)]}", nn.Parameter(source.contiguous(), requires_grad=False))
+            self.recipes.append((held[id(source)], view_recipe(value) if whole else None))
 
     def tensors(self) -> dict[str, Tensor]:
-        return {name: getattr(self, f"t{j}") for j, name in enumerate(self.names)}
+        out = {}
+        for name, (j, recipe) in zip(self.names, self.recipes):
+            held = getattr(self, f"t{j}")
+            out[name] = held if recipe is None else from_recipe(held, recipe)
+        return out
 
 
 class LayerPoint(OnDemandLayer):

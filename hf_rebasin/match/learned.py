@@ -51,7 +51,7 @@ from ..errors import OptionError, UserError
 from .action import Action, combine, graph_share
 from .alignment import DEFAULT_HOLDOUT
 from .params import SymmetryParams
-from .path import PathOfEnds, stored, strip_parameters
+from .path import PathOfEnds, batched_soft_target, stacked, stored, strip_parameters
 
 LEARNED_SETTINGS = ("method", "start", "steps", "lr", "warmup", "learn_batch_size", "grad_accum", "init", "orth", "inv",
                     "lambda_dist", "soft_targets", "learn_seed", "eval_every", "eval_subset", "holdout",
@@ -84,6 +84,7 @@ class PathLoss(PathOfEnds):
         self.__dict__["model"] = strip_parameters(instantiate(graphs[0], template))  # not a submodule
         self.__dict__["norms"] = template.adapter.norm_modules(self.model) if graphs[0].spec.scale_exact else []
         self.model_parameters = sum(v.numel() for v in self.graphs["0"].params.values())
+        self.stacks: dict[str, Tensor] | None = None  # the endpoints stacked (stack_ends)
 
     def stored_bytes(self) -> tuple[int, int]:
         """(bytes of frozen endpoint tensors this process stores, bytes of all of them): the same here."""
@@ -91,10 +92,29 @@ class PathLoss(PathOfEnds):
         return total, total
 
     def to_device(self, device) -> PathLoss:
+        """Everything on `device`; off the CPU the endpoints are stacked (path.stacked) for one batched forward of
+        them all (soft targets): on a GPU that halves their launches; on the CPU they stay the caller's tensors."""
         self.to(device)
         self.model.to(device)
-        self.graphs = {k: g.replace({n: v.to(device) for n, v in g.params.items()}) for k, g in self.graphs.items()}
+        if torch.device(device).type == "cpu":
+            self.graphs = {k: g.replace({n: v.to(device) for n, v in g.params.items()}) for k, g in self.graphs.items()}
+        else:
+            self.stack_ends(device)
         return self
+
+    def stack_ends(self, device=None) -> None:
+        """Hold the endpoints stacked (path.stacked), on `device` (default where they are)."""
+        device = device or next(iter(self.graphs["0"].params.values())).device
+        self.stacks, graphs = stacked(list(self.graphs.values()), device)
+        self.graphs = dict(zip(self.graphs, graphs))
+
+    def soft_target(self, inputs: Tensor, weights: list[float], rows: Tensor | None) -> Tensor:
+        """PathOfEnds.soft_target, by one batched forward of the endpoints when they are stacked (stack_ends), share one
+        norm eps (the model runs with one) and are language models (timm's patch convolution fails under vmap with
+        autocast: its bias keeps the weights' dtype while the input is cast)."""
+        if self.stacks is None or self.task != "causal-lm" or len({g.norm_eps for g in self.graphs.values()}) > 1:
+            return super().soft_target(inputs, weights, rows)
+        return batched_soft_target(self, self.stacks, self.graphs["0"], inputs, weights)
 
     def point(self, lam, device_type: str, rows: Tensor | None = None) -> Graph:
         """The point trained on.  With `rows` (the distinct token ids of the batch) only those rows of the token
@@ -259,6 +279,7 @@ def learn(graphs: list[Graph], start, template, train, eval_data, options, *, pr
     dtype = autocast_dtype(options, device)
     tf32 = device.type == "cuda" and dtype is None  # fp32 learning on a GPU: its matrix products in TF32
     path_loss = path_loss_for(frames, ends, template, train.task, dtype, options, accelerator, device)
+    del frames  # the path holds its own layout of them (path.stored: a layer's reads and writes in blocks)
     check_same_start(accelerator, {"models": fingerprint["models"],
                                    "matching": [exact_digest(t.to_tensors()) for t in start.transforms],
                                    "parameters": exact_digest(path_loss.learned_state())})

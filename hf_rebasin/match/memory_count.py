@@ -122,6 +122,7 @@ def count_step(template, *, batch: int, seq: int, method: str = "dual", precisio
             path_loss = LayeredPathLoss(graphs, ends, template, template.task, dtype, checkpointing=True)
         else:
             path_loss = PathLoss(graphs, ends, template, template.task, dtype)
+            path_loss.stack_ends()  # as on a GPU (PathLoss.to_device): the soft target's endpoints run batched
         path_loss.soft_targets = soft_targets
         del graphs
         vocab = graph.spec.n_out

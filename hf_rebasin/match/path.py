@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from ..core.canonical import Graph
 from ..core.symmetry import Transform
+from .blocks import blocked, from_recipe, tiled_bases, view_recipe
 from .params import SymmetryParams
 
 
@@ -106,9 +107,18 @@ class PathOfEnds(nn.Module):
         target = None
         if self.soft_targets and torch.is_grad_enabled():
             with torch.no_grad():
-                target = sum(w * self.endpoint_logits(inputs, k, rows).float().softmax(-1)
-                             for k, w in enumerate(self.weights(lam)) if w)
+                target = self.soft_target(inputs, self.weights(lam), rows)
         return self.task_loss(self.logits(inputs, lam, rows), inputs, labels, target)
+
+    def soft_target(self, inputs: Tensor, weights: list[float], rows: Tensor | None) -> Tensor:
+        """sum_k w_k softmax(logits_k) over the endpoints of nonzero weight, each run on its own (endpoint_logits), one
+        at a time."""
+        target = None
+        for k, w in enumerate(weights):
+            if w:
+                term = w * self.endpoint_logits(inputs, k, rows).float().softmax(-1)
+                target = term if target is None else target + term
+        return target
 
     def endpoint_logits(self, inputs: Tensor, k: int, rows: Tensor | None) -> Tensor:
         """Endpoint k's predictions on the batch: the path's vertex k, which is endpoint k's frozen tensors as they
@@ -136,13 +146,68 @@ class PathOfEnds(nn.Module):
         return (1.0 - self.soft_targets) * hard + self.soft_targets * soft
 
 
+def stacked(graphs: list[Graph], device) -> tuple[dict[str, Tensor], list[Graph]]:
+    """(every tensor of the endpoints on `device`, stacked along a leading model axis; the endpoints as graphs of views
+    of those stacks): no second copy (a key or a block at a time), the layout of `stored` (a layer's blocks stacked
+    whole, each endpoint's tensors views of its own), and one batched forward runs every endpoint at once
+    (`batched_soft_target`)."""
+    first, n = graphs[0].params, len(graphs)
+    stacks, views, bases, blocks = {}, [{} for _ in graphs], {}, tiled_bases(first)
+    for key, value in first.items():
+        recipe = view_recipe(value) if id(value._base) in blocks else None
+        if recipe is None or any(view_recipe(g.params[key]) != recipe for g in graphs[1:]):
+            stacks[key] = torch.stack([g.params[key].to(device) for g in graphs])
+            for k in range(n):
+                views[k][key] = stacks[key][k]
+            continue
+        if id(value._base) not in bases:
+            bases[id(value._base)] = torch.stack([g.params[key]._base.to(device) for g in graphs])
+        base = bases[id(value._base)]
+        stacks[key] = from_recipe(base, recipe, lead=((n, base.stride(0)),))
+        for k in range(n):
+            views[k][key] = from_recipe(base[k], recipe)
+    return stacks, [g.replace(v) for g, v in zip(graphs, views)]
+
+
+def batched_soft_target(path: PathOfEnds, stacks: dict[str, Tensor], first: Graph, inputs: Tensor,
+                        weights: list[float]) -> Tensor:
+    """PathOfEnds.soft_target with every endpoint run by one batched forward: torch.func.vmap over the model axis of
+    `stacks` (the adapter's conversion and the model's forward, each op once for all endpoints instead of once per
+    endpoint); the same values to float rounding (the batched products may sum in another order).  The endpoints
+    share one norm eps (`first`'s; the caller checks)."""
+    from torch.func import vmap
+    adapter, config, dtype = path.template.adapter, path.template.config, path.autocast_dtype
+
+    def logits(params: dict[str, Tensor]) -> Tensor:
+        state_dict, _ = adapter.from_canonical(first.replace(params), config)
+        return path.run_model(state_dict, inputs)
+
+    with torch.autocast(inputs.device.type, dtype=dtype) if dtype else nullcontext():
+        for module, attr in path.norms:
+            setattr(module, attr, first.norm_eps)
+        batched = vmap(logits)(stacks)
+    # one endpoint's probabilities at a time (fp32 straight from its logits), added into the mixture in place: the
+    # peak is the logits, the mixture and one endpoint's probabilities, as when the endpoints ran one by one
+    (first_weight, k0), *others = [(w, k) for k, w in enumerate(weights) if w]
+    target = torch.softmax(batched[k0], -1, dtype=torch.float32).mul_(first_weight)
+    for w, k in others:
+        target.add_(torch.softmax(batched[k], -1, dtype=torch.float32), alpha=w)
+    return target
+
+
 def stored(graph: Graph, dtype: torch.dtype | None) -> Graph:
-    """The graph with its floating-point tensors in `dtype` (kept when None) and contiguous: the whole model and the
-    layered path (FrozenTensors) hold one layout, so that their head maps' batched products (action.py), whose CPU
-    rounding depends on the layout, give the same steps."""
+    """The graph with its floating-point tensors in `dtype` (kept when None), contiguous, and each layer's reads and
+    writes in one block each (blocks.blocked; a layer at a time): the whole model and the layered path
+    (FrozenTensors) hold one layout, so that their products (action.py), whose CPU rounding depends on the layout,
+    give the same steps."""
     def kept(v: Tensor) -> Tensor:  # one copy at most (`to` keeps a tensor of the same dtype as it is)
         if not v.is_floating_point():
             return v
         return v.contiguous() if dtype in (None, v.dtype) else v.to(dtype, memory_format=torch.contiguous_format)
-    return graph.replace({k: kept(v) for k, v in graph.params.items()})
-
+    parts: dict[str, dict[str, Tensor]] = {}
+    for key, value in graph.params.items():
+        parts.setdefault(".".join(key.split(".")[:2]) if key.startswith("layers.") else "", {})[key] = value
+    params: dict[str, Tensor] = {}
+    for part in parts.values():
+        params.update(blocked({k: kept(v) for k, v in part.items()}))
+    return graph.replace({k: params[k] for k in graph.params})
