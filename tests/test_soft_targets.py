@@ -140,3 +140,50 @@ def test_the_endpoints_run_batched_follow_the_same_trajectory(kind, tmp_path):
     assert batched_losses == pytest.approx(losses, rel=RELATIVE)
     for key, value in state.items():
         assert float((batched_state[key] - value).abs().max()) <= 1e-5 * (1 + float(value.abs().max())), key
+
+
+def soft_target_path(kind, tmp_path):
+    loaded = [models.load(tiny.make_tiny(kind, tmp_path / f"m{seed}", seed=seed)) for seed in (1, 5)]
+    graphs = [models.canonicalise(m).materialise() for m in loaded]
+    ends = {str(k): SymmetryParams(g.spec, symmetry.random_transform(g.spec, seed=3 + k)) for k, g in enumerate(graphs)}
+    path = PathLoss(graphs, ends, loaded[0], loaded[0].task)
+    path.soft_targets = 1.0
+    return path, tiny.example_inputs(kind, seed=2)
+
+
+def test_a_batched_forward_that_fails_falls_back_to_one_endpoint_at_a_time(tmp_path, monkeypatch):
+    """An op with no vmap batching rule (on some device or build) costs the batching, not the run: a warning, the
+    same loss as one forward each, and no second try."""
+    from hf_rebasin.match import learned
+    path, x = soft_target_path("gpt_neox", tmp_path)
+    expected = float(path(x, None, 0.4).detach())
+    path.stack_ends()
+    calls = []
+
+    def no_batching_rule(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("Batching rule not implemented for aten::some_op")
+    monkeypatch.setattr(learned, "batched_soft_target", no_batching_rule)
+    with pytest.warns(UserWarning, match="one at a time.*Batching rule not implemented"):
+        assert float(path(x, None, 0.4).detach()) == pytest.approx(expected, rel=RELATIVE)
+    assert float(path(x, None, 0.4).detach()) == pytest.approx(expected, rel=RELATIVE)
+    assert len(calls) == 1 and path.stacks is None
+
+
+def test_experts_are_never_run_batched(tmp_path, monkeypatch):
+    """A mixture of experts runs its endpoints one at a time even when stacked (its expert kernels, chosen by the
+    device, are unchecked under vmap on a GPU), and the batched forward, where it is asked for on the CPU, gives the
+    same target."""
+    from hf_rebasin.match import learned
+    path, x = soft_target_path("mixtral_moe", tmp_path)
+    expected = float(path(x, None, 0.4).detach())
+    path.stack_ends()
+
+    batched = learned.batched_soft_target(path, path.stacks, path.graphs["0"], x[:, :-1], [0.6, 0.4])
+    one_at_a_time = super(PathLoss, path).soft_target(x[:, :-1], [0.6, 0.4], None)
+    assert float((batched - one_at_a_time).abs().max()) <= TOLERANCE
+
+    def never(*args, **kwargs):
+        raise AssertionError("the experts' endpoints were run batched")
+    monkeypatch.setattr(learned, "batched_soft_target", never)
+    assert float(path(x, None, 0.4).detach()) == pytest.approx(expected, rel=RELATIVE)
