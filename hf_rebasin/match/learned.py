@@ -112,9 +112,9 @@ class PathLoss(PathOfEnds):
     def soft_target(self, inputs: Tensor, weights: list[float], rows: Tensor | None) -> Tensor:
         """PathOfEnds.soft_target, by one batched forward of the endpoints when they are stacked (stack_ends), share one
         norm eps (the model runs with one) and are language models (timm's patch convolution fails under vmap with
-        autocast: its bias keeps the weights' dtype while the input is cast).  Not mixtures of experts: transformers picks
-        their expert kernels by the device's capability, and no batched run of those has been checked on a GPU (on
-        the CPU it gives the same target; tests/test_soft_targets.py)."""
+        autocast: its bias keeps the weights' dtype while the input is cast).  Not mixtures of experts: transformers
+        picks their expert kernels by the device's capability, and no batched run of those has been checked on a GPU
+        (on the CPU it gives the same target; tests/test_soft_targets.py)."""
         if (self.stacks is None or self.task != "causal-lm" or self.spec.n_experts
                 or len({g.norm_eps for g in self.graphs.values()}) > 1):  # experts: unbatched (below)
             return super().soft_target(inputs, weights, rows)
