@@ -33,10 +33,11 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
     trained on whole with --allow-train-on-eval.  Training data that shares examples with the evaluation data
     (compared by content) is refused unless --allow-train-on-eval."""
     notes = []
+    who = "learned matching" if METHODS[options.method].learned else "the refinement (--refine-steps)"
     if samples is not None:
         train = samples
-        if options.self_by_default(template.task):
-            notes.append(f"no --train-data: learned matching trained on {samples.info['tokens']:,} tokens sampled from "
+        if options.self_by_default(template.task) or not (options.train_data or options.match_data):
+            notes.append(f"no --train-data: {who} trained on {samples.info['tokens']:,} tokens sampled from "
                          f"the models themselves ({SELF_DATA}, the default for language models)")
     elif options.train_data and options.train_data != data_spec:
         train = load_eval_data(options.train_data, template, seq_len=options.seq_len,
@@ -52,7 +53,7 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
                               f"halves, and {len(data.inputs)} examples are too few: pass another --train-data")
         train, data, how = split_in_halves(data, template, options.learn_seed)
         given = "--train-data is the --data set" if options.train_data else "no --train-data"
-        notes.append(f"{given}: --data was split into disjoint halves ({how}); learned matching trained "
+        notes.append(f"{given}: --data was split into disjoint halves ({how}); {who} trained "
                      f"on {len(train.inputs)} examples, the barrier is measured on the other {len(data.inputs)}")
     shared = shared_examples(train, data)
     if shared:
@@ -62,7 +63,7 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
                               f"evaluation data (--data), compared by content: the barrier would be in-sample. Pass "
                               f"a disjoint --train-data, the --data spec itself as --train-data to split it into "
                               f"halves, or --allow-train-on-eval to accept an in-sample barrier")
-        notes.append(f"learned matching trained on {shared} examples that are also evaluated (--allow-train-on-eval): "
+        notes.append(f"{who} trained on {shared} examples that are also evaluated (--allow-train-on-eval): "
                      "the reported barrier is partly in-sample")
     return train, data, notes
 
@@ -96,13 +97,16 @@ def fitting_overlap(method, context: MatchContext, data: EvalData, options: Merg
 def self_sample_windows(options: MergeOptions, seq_len: int) -> int:
     """How many windows `self` samples: lm/dual an eighth of the windows their steps draw (--max-train-tokens: up
     to all of them) and the held-out ones; activation matching its --am-batches batches of --batch-size."""
-    if not METHODS[options.method].learned:
+    learned = METHODS[options.method].learned
+    if not learned and not options.refine_sampled():
         return options.am_batches * options.batch_size
-    drawn = options.steps * options.learn_batch_size
+    # --refine-steps draws from the same samples as learned matching (or alone, after any other method)
+    drawn = max(options.steps if learned else 0, options.refine_steps) * options.learn_batch_size
+    matching = options.am_batches * options.batch_size if options.self_sampled() and not learned else 0
     held = DEFAULT_HOLDOUT if options.holdout is None else options.holdout
     if options.max_train_tokens is None:
-        return -(-drawn // SELF_SAMPLE_SHARE) + held
-    return min(drawn + held, options.max_train_tokens // seq_len)
+        return max(-(-drawn // SELF_SAMPLE_SHARE) + held, matching)
+    return max(min(drawn + held, options.max_train_tokens // seq_len), matching)
 
 
 def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, progress: bool,
@@ -117,13 +121,15 @@ def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, 
     start = time.perf_counter()
     seq_len = options.seq_len or default_seq_len(template)
     check_seq_len(seq_len, template)
-    learned = METHODS[options.method].learned
+    learned = METHODS[options.method].learned or options.refine_sampled(template.task)
     windows = self_sample_windows(options, seq_len)
     if windows < len(loaded):
         raise OptionError(f"{windows} sampled windows cannot give each of the {len(loaded)} models a share: raise "
                           "--max-train-tokens")
-    if options.self_by_default(template.task) and progress:
-        print(f"hf-rebasin: no --train-data: --method {options.method} trains on {windows:,} windows of {seq_len} "
+    by_default = options.self_by_default(template.task) or (options.refine_sampled() and not options.train_data)
+    if by_default and progress:
+        what = f"--method {options.method}" if METHODS[options.method].learned else "--refine-steps"
+        print(f"hf-rebasin: no --train-data: {what} trains on {windows:,} windows of {seq_len} "
               f"tokens sampled from the models themselves (--train-data {SELF_DATA}); pass --train-data for text of "
               "your own",
               file=sys.stderr, flush=True)
@@ -135,7 +141,9 @@ def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, 
                         temperature=options.self_temperature, top_p=options.self_top_p, seed=options.learn_seed,
                         start_token=start_token(tokenizer), vocab_size=len(tokenizer), **chain_settings(),
                         precision="bf16" if dtype == torch.bfloat16 else "fp32")
-    flag = "--train-data" if learned and options.train_data else "--match-data"
+    refining_only = not METHODS[options.method].learned and options.refine_sampled(template.task)
+    flag = "--train-data" if (learned and options.train_data) or (refining_only and not options.match_data) \
+        else "--match-data"
     first = nullcontext()
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # accelerate launch: the main process samples, the others
         from accelerate import PartialState  # read its file after it
@@ -160,10 +168,11 @@ def sampling_dtype(options: MergeOptions, device: str):
 
 
 def endpoint_loader(loaded: list[Loaded], device: str, dtype):
-    """load(k): model k on `device` in `dtype` (loaded on the host, converted there, then moved: one model on the
+    """load(k): model k on `device` in `dtype` (None: as its loader gives it; loaded on the host, converted there, then moved: one model on the
     device at a time, as long as the caller drops the one before)."""
     def load(k: int):
-        return loaded[k].backend.load_model(loaded[k]).to(dtype=dtype).to(device)
+        model = loaded[k].backend.load_model(loaded[k])
+        return (model if dtype is None else model.to(dtype=dtype)).to(device)
     return load
 
 
