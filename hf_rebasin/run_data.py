@@ -168,8 +168,8 @@ def sampling_dtype(options: MergeOptions, device: str):
 
 
 def endpoint_loader(loaded: list[Loaded], device: str, dtype):
-    """load(k): model k on `device` in `dtype` (None: as its loader gives it; loaded on the host, converted there, then moved: one model on the
-    device at a time, as long as the caller drops the one before)."""
+    """load(k): model k on `device` in `dtype` (None: as its loader gives it; loaded on the host, converted there,
+    then moved: one model on the device at a time, as long as the caller drops the one before)."""
     def load(k: int):
         model = loaded[k].backend.load_model(loaded[k])
         return (model if dtype is None else model.to(dtype=dtype)).to(device)
