@@ -11,7 +11,8 @@ the default).  Training data: `self` samples of the two models (the default of t
 refinement), sized for the largest budget and shared by every run.  The learning rate is chosen on validation, on
 the wm start at the smallest budget, among --lrs; every start then trains with it.  Test figures are read once, for
 the final models.  Costs: seconds per refinement step and per dual (learned-matching) step, same batch, same host.
-Writes runs/refine-controls/<pair>.json and prints the table for BENCHMARKS.md."""
+Writes runs/refine-controls/<pair>.json and prints the table for BENCHMARKS.md.  `--plans` alone prints the memory
+plan's estimated peak of a dual step and of a refinement step at Pythia configs instead."""
 from __future__ import annotations
 
 import argparse
@@ -149,5 +150,33 @@ def print_table(result: dict) -> None:
           f"{result['refined'][budgets[-1]]['wm midpoint']['s_per_step']:.3f}, dual {result['dual_s_per_step']:.3f}")
 
 
+PYTHIA = {"160m": (768, 12, 12, 3072, 50304), "1b": (2048, 16, 8, 8192, 50304), "6.9b": (4096, 32, 32, 16384, 50432)}
+
+
+def planned_peaks(micro_batch: int = 4, seq_len: int = 512) -> None:
+    """--plans: the memory plan's estimated peak of one step (bf16, soft targets on) at Pythia configs: dual learned
+    matching against refinement (match/memory_plan.py; the refinement's with the learned step's coefficients)."""
+    from transformers import GPTNeoXConfig
+
+    from hf_rebasin.match.memory_count import config_template, meta_graph
+    from hf_rebasin.match.memory_plan import GIB, estimate_peak, step_shape
+    print(f"| Pythia config | dual step | refinement step |  (estimated peak, bf16, {micro_batch} x {seq_len} tokens)")
+    print("|---|---|---|")
+    for name, (hidden, layers, heads, ffn, vocab) in PYTHIA.items():
+        template = config_template(GPTNeoXConfig(
+            hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=ffn,
+            vocab_size=vocab, max_position_embeddings=2048, rotary_pct=0.25, use_parallel_residual=True,
+            tie_word_embeddings=False, architectures=["GPTNeoXForCausalLM"]))
+        graph = meta_graph(template)
+        shapes = {k: tuple(v.shape) for k, v in graph.params.items()}
+        peaks = [estimate_peak(step_shape(graph.spec, shapes, 2, "dual", refine=refine), micro_batch=micro_batch,
+                               seq_len=seq_len, checkpointing=False, value_bytes=2, soft_targets=True)
+                 for refine in (False, True)]
+        print(f"| {name} | {peaks[0] / GIB:.1f} GiB | {peaks[1] / GIB:.1f} GiB |")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--plans"]:
+        planned_peaks()
+    else:
+        main()
