@@ -143,6 +143,8 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
             samples if refine_sampled else None)
         context.eval_data, data_notes = data, data_notes + refine_notes
     overlap, overlap_notes = fitting_overlap(method, context, data, options)
+    refine_overlap, refine_overlap_notes = (fitting_overlap(method, context, data, options, refine=True)
+                                            if refining and not method.learned else (None, []))
     if refining:
         from .match.refine import resumes_refinement
         if resumes_refinement(options.resume):  # the matching before it runs from its start
@@ -188,7 +190,8 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
             load_fp32 = endpoint_loader(loaded, options.resolved_device(), None)
             report.refined = evaluate_refined(refined[0], [load_fp32(k) for k in range(len(loaded))], list(merged_at),
                                               data, options, refined[1], report.endpoint_loss, report.merged_loss)
-            report.refined["memory_plan"] = refine_plan
+            report.refined.update(memory_plan=refine_plan, overlap=refine_overlap or overlap)
+            report.notes += refine_overlap_notes
         result = MergeResult(report, alignment.transforms)
         if out is not None:
             result.out = export(Path(out), force, models, aligned, merged_at, alignment, template, report, options,

@@ -79,18 +79,22 @@ def matching_split(options: MergeOptions, template: Loaded, data: EvalData) -> t
                          f"used {len(match.inputs)} examples, the barrier is measured on the other {len(data.inputs)}"]
 
 
-def fitting_overlap(method, context: MatchContext, data: EvalData, options: MergeOptions) -> tuple[dict | None, list]:
-    """The n-gram overlap between what the method fits on and the evaluation data (sources.overlap), refused above
-    its limit before the matching starts unless --allow-overlap (or, for learned methods, --allow-train-on-eval)."""
+def fitting_overlap(method, context: MatchContext, data: EvalData, options: MergeOptions,
+                    refine: bool = False) -> tuple[dict | None, list]:
+    """The n-gram overlap between what the method fits on (refine: what --refine-steps trains on) and the
+    evaluation data (sources.overlap), refused above its limit before the matching starts unless --allow-overlap
+    (or, for what trains, --allow-train-on-eval)."""
     from .sources.overlap import check_overlap
-    fit = context.train_data if method.learned else context.match_data if method.needs_data else None
+    trains = method.learned or refine
+    fit = context.train_data if trains else context.match_data if method.needs_data else None
     if fit is None:
         return None, []
-    fitted_on = ("the self samples" if options.self_sampled(data.task) else
-                 "--train-data" if method.learned and options.train_data else
-                 "--match-data" if options.match_data else "the other half of --data")
+    sampled = options.refine_sampled(data.task) if refine else options.self_sampled(data.task)
+    fitted_on = ("the self samples" if sampled else
+                 "--train-data" if trains and options.train_data else
+                 "--match-data" if options.match_data and not refine else "the other half of --data")
     return check_overlap(fit, data, method=options.method, fitted_on=fitted_on,
-                         allow=options.allow_overlap or (method.learned and options.allow_train_on_eval),
+                         allow=options.allow_overlap or (trains and options.allow_train_on_eval),
                          vocab_size=getattr(context.template.config, "vocab_size", None))
 
 

@@ -184,3 +184,20 @@ def test_the_options_of_refinement(learned_pair, tmp_path, capsys):
     assert code != 0 and "--refine-steps" in capsys.readouterr().err
     assert "--refine-steps N" in subprocess.run([*ACCELERATE_LAUNCH[:1], "-m", "hf_rebasin.cli", "merge", "--help"],
                                                  capture_output=True, text=True, cwd=REPO).stdout
+
+
+def test_without_training_data_the_refinement_trains_on_self_samples(learned_pair, tmp_path):
+    a, b, root = learned_pair
+    out = tmp_path / "self"
+    assert main(["merge", str(a), str(b), "--data", str(root / "heldout.txt"), "--seq-len", "32",
+                 "--max-eval-tokens", "2048", "--lambdas", "3", "--refine-steps", "4", "--learn-batch-size", "8",
+                 "--eval-every", "0", "--self-samples-dir", str(tmp_path / "samples"), "--checkpoint-dir",
+                 str(tmp_path / "ckpt"), "--out", str(out)]) == 0
+    report = json.loads((out / "barrier.json").read_text())
+    samples = report["settings"]["self_samples"]
+    assert report["refined"]["train_data"]["spec"] == "self" and report["refined"]["train_data"]["digest"] == \
+        samples["digest"]
+    assert samples["windows"] == 4 * 8 // 8 + 32  # an eighth of the windows drawn + the 32 held-out ones
+    assert report["refined"]["overlap"]["share"] <= report["refined"]["overlap"]["limit"]
+    assert any("the refinement (--refine-steps) trained on" in note for note in report["notes"])
+    assert "the refinement after merging trained on" in (out / "README.md").read_text()

@@ -197,6 +197,8 @@ def self_samples_line(report: Report) -> str | None:
         return None
     sampling = samples.get("sampling", {})
     use = "trained on" if report.method in ("lm", "dual") else "matched on"
+    if report.refined and report.method not in ("am", "am-perm", "lm", "dual"):
+        use = "the refinement after merging trained on"
     chain = sampling.get("chain", 1)
     carried = sampling.get("carried")
     texts = (f"texts starting with token {sampling.get('start_token')}, each over up to {chain} windows, the next "
