@@ -54,10 +54,10 @@ def check_output_places(models: list[str], options, task: str) -> None:
     from .match import METHODS
     where = {"sources": tuple(models), "data": data_specs(options)}
     samples = Path(options.self_samples_dir).expanduser()
-    if options.self_sampled(task) and not any(samples.glob("self-*.npy")):
+    if (options.self_sampled(task) or options.refine_sampled(task)) and not any(samples.glob("self-*.npy")):
         check_output_place(samples, "--self-samples-dir", **where)
     method = METHODS.get(options.method)
-    if method is not None and method.learned:
+    if method is not None and (method.learned or options.refine_steps):
         check_output_place(options.checkpoint_dir, "--checkpoint-dir", **where)
 
 

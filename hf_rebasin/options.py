@@ -48,6 +48,11 @@ EVALUATION = "evaluation (the barrier protocol)"
 MATCHING = "matching"
 LEARNED = "learned matching (--method lm / dual)"
 OUTPUT = "output"
+REFINE = "refinement after merging (--refine-steps)"
+# the learned-matching options a refinement reads (match/refine.py: the same loop, data, checkpoints and precision)
+REFINE_USES = ("learn_batch_size", "grad_accum", "train_data", "allow_train_on_eval", "max_train_tokens",
+               "max_train_examples", "eval_every", "eval_subset", "holdout", "checkpoint_every", "checkpoint_minutes",
+               "checkpoint_dir", "resume", "learn_seed", "learn_precision", "max_memory", "warmup")
 
 
 @dataclass
@@ -163,6 +168,13 @@ class MergeOptions:
                                     "accumulation and checkpointing are chosen to fit, --learn-batch-size unchanged",
                                     group=LEARNED, metavar="SIZE")
 
+    refine_steps: int = option(0, "merge: after alignment, train every weight of the merged model for N steps to "
+                               "predict the endpoints' ensemble (the average of their next-token distributions) on "
+                               f"the learned methods' data (--train-data, default {SELF_DATA}); 0 leaves the merged "
+                               "model as it is", group=REFINE, low=0, high=10_000_000, metavar="N")
+    refine_lr: float = option(1e-4, "AdamW learning rate of the refinement (the weights themselves; warmup and "
+                              "cosine decay as for learned matching)", group=REFINE, above=0.0, high=1.0)
+
     # --- derived values ------------------------------------------------------------------------------
     def lambda_points(self) -> int:
         return DEFAULT_LAMBDAS if self.lambdas is None else self.lambdas
@@ -214,6 +226,11 @@ class MergeOptions:
         return (self.train_data or self.match_data or DEFAULT_LEARNED_DATA if method.learned
                 else self.match_data) == SELF_DATA
 
+    def refine_sampled(self, task: str | None = None) -> bool:
+        """Whether --refine-steps trains on `self` samples (--train-data self, or a language model without
+        --train-data)."""
+        return self.refine_steps > 0 and task in (None, "causal-lm") and (self.train_data or SELF_DATA) == SELF_DATA
+
     def self_by_default(self, task: str | None = None) -> bool:
         """Whether `self` comes from DEFAULT_LEARNED_DATA rather than a flag."""
         return self.self_sampled(task) and not (self.train_data or self.match_data)
@@ -236,16 +253,23 @@ class MergeOptions:
         if method is None:
             return {}
         why = {}
+        refining = self.refine_steps > 0 and export
         if not method.learned:
             learned = ", ".join(name for name, m in METHODS.items() if m.learned)
             why.update({f.name: f"is for the learned methods ({learned}); --method {self.method} trains nothing"
-                        for f in fields_of(MergeOptions) if f.metadata.get("group") == LEARNED})
+                        for f in fields_of(MergeOptions) if f.metadata.get("group") == LEARNED
+                        and not (refining and f.name in REFINE_USES)})
+        if self.refine_steps == 0:
+            why["refine_lr"] = "is for --refine-steps, and it is 0"
+        elif not export:
+            why["refine_steps"] = "trains the merged checkpoint, and barrier writes none (merge does)"
+            why["refine_lr"] = "is for --refine-steps, which barrier does not run (merge does)"
         if not method.needs_data:
             why["match_data"] = f"is for the methods that match on data (am, lm, dual), not --method {self.method}"
             why["allow_overlap"] = f"is for the methods that fit on data (am, lm, dual), not --method {self.method}"
         if self.method not in ("am", "am-perm") and not (method.learned and self.start == "am"):
             why["am_batches"] = f"is for --method am / am-perm and --start am, not --method {self.method}"
-        if self.self_sampled(task):
+        if self.self_sampled(task) or (refining and self.refine_sampled(task)):
             why.pop("learn_seed", None)  # it seeds the samples
         else:
             why.update(dict.fromkeys(("self_temperature", "self_top_p", "self_samples_dir"),
@@ -312,6 +336,10 @@ class MergeOptions:
             problems.append("--fsdp shards the endpoints over the processes of `accelerate launch --num_processes N`, "
                             "and this run has one process: launch it with accelerate, or drop --fsdp "
                             "(--gradient-checkpointing saves memory in one process)")
+        if self.refine_steps and (self.fsdp or self.gradient_checkpointing):
+            problems.append(f"--refine-steps trains the merged model whole in every process: "
+                            f"{'--fsdp' if self.fsdp else '--gradient-checkpointing'} is not available for it yet; "
+                            "drop it (or lower --learn-batch-size / raise --grad-accum)")
         problems += self.refused_as_ignored(export) if refuse_ignored else []
         problems += device_problems(self.device, "--device")
         if num_processes > 1 and self.device.startswith("cuda:"):

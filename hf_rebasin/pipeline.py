@@ -32,12 +32,12 @@ from .evaluation.barrier import (
     worst_excess,
 )
 from .evaluation.report import Report, report_text
-from .export.checkpoint import save
+from .export.checkpoint import save, save_trained
 from .export.io import ShardWriter, atomic_write
 from .export.ownership import atomic_output_dir
 from .match import METHODS, Alignment, MatchContext
 from .match.experts import check_method as check_expert_method
-from .options import DEFAULT_LM_DATA, MergeOptions
+from .options import DEFAULT_LM_DATA, SELF_DATA, MergeOptions
 from .requirements import installed_versions
 from .run_data import (
     eval_data,
@@ -99,6 +99,10 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     if METHODS[options.method].learned:  # before any weight is read: a run that cannot fit stops here
         from .match.memory_plan import plan_run
         options, memory_plan = plan_run(options, loaded[0], len(loaded), progress)
+    refine_plan = None
+    if options.refine_steps and out is not None:  # the refinement's step (the whole model trained) planned too
+        from .match.memory_plan import plan_run
+        options, refine_plan = plan_run(options, loaded[0], len(loaded), progress, refine=True)
     graphs = [canonicalise(m) for m in loaded]
     embedding_notes = []
     for k in narrower:  # written exactly into the first (wider) model's configuration
@@ -122,34 +126,50 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     method = METHODS[options.method]
     # `self` data, sampled from the models: language models only (`self` asked for image models is refused by name)
     sampled = options.self_sampled(template.task)
-    samples = self_samples(loaded, template, options, progress, timings) if sampled else None
-    if samples is not None:
+    refining = options.refine_steps > 0 and out is not None
+    refine_sampled = refining and options.refine_sampled(template.task)
+    samples = self_samples(loaded, template, options, progress, timings) if sampled or refine_sampled else None
+    if samples is not None and sampled:
         context.match_data = samples
     elif method.needs_data:
         context.match_data = data if (options.match_data or data_spec) == data_spec else eval_data(
             options.match_data, template, options, flag="--match-data")
-    data_notes = []
+    data_notes, am_split = [], False
     if method.learned:
         context.train_data, data, data_notes = training_data(options, template, context.match_data, data, data_spec,
                                                              samples)
         context.eval_data = data
     elif method.needs_data and context.match_data is data:
         context.match_data, data, data_notes = matching_split(options, template, data)
+        am_split = True
         context.eval_data = data
+    if refining and not method.learned:  # what --refine-steps trains on, as the learned methods would
+        context.train_data, data, refine_notes = training_data(
+            options, template, context.match_data if method.needs_data else data, data, data_spec,
+            samples if refine_sampled else None)
+        context.eval_data, data_notes = data, data_notes + refine_notes
     overlap, overlap_notes = fitting_overlap(method, context, data, options)
+    refine_overlap, refine_overlap_notes = (fitting_overlap(method, context, data, options, refine=True)
+                                            if refining and not method.learned else (None, []))
+    if refining:
+        from .match.refine import resumes_refinement
+        if resumes_refinement(options.resume):  # the matching before it runs from its start
+            context.options = dataclasses.replace(options, resume=None)
     start = time.perf_counter()
     alignment = method.run(graphs, context)
     timings["match_s"] = time.perf_counter() - start
-    if method.learned:
+    refined = refine_merged(graphs, alignment, loaded, context, data, options, progress) if refining else None
+    if method.learned or refining:
         from .match.learned import is_main_process
         if not is_main_process():
             return MergeResult(None, alignment.transforms)
+    if method.learned:
         alignment.settings["train_data"] = {**alignment.settings.get("train_data", {}),
                                             "digest": data_digest(context.train_data)}
         alignment.settings.setdefault("notes", []).extend(data_notes)
         sampled_peak = (samples.info.get("peak_memory") or {}).get("bytes") if samples is not None else None
         alignment.settings["memory_plan"] = {**memory_plan, "sampling_peak_bytes": sampled_peak}
-    elif data_notes:  # activation matching on one half of --data
+    elif am_split:  # activation matching on one half of --data
         alignment.settings["match_data"] = {"split": "disjoint halves of --data, by document",
                                             "windows": len(context.match_data.inputs),
                                             "digest": data_digest(context.match_data)}
@@ -173,16 +193,41 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
         if template.spec.n_experts and len(aligned) == 2 and template.task == "causal-lm":
             from .evaluation.routing import routing_report
             report.routing = routing_report(aligned, template, data, merged_at)
+        if refined is not None:
+            from .match.refine import evaluate_refined
+            from .run_data import endpoint_loader
+            load_fp32 = endpoint_loader(loaded, options.resolved_device(), None)
+            report.refined = evaluate_refined(refined[0], [load_fp32(k) for k in range(len(loaded))], list(merged_at),
+                                              data, options, refined[1], report.endpoint_loss, report.merged_loss)
+            report.refined.update(memory_plan=refine_plan, overlap=refine_overlap or overlap)
+            report.notes += refine_overlap_notes
         result = MergeResult(report, alignment.transforms, evaluation=evaluation)
         if out is not None:
             result.out = export(Path(out), force, models, aligned, merged_at, alignment, template, report, options,
-                                names)
+                                names, refined=refined[0] if refined is not None else None)
     if json_path is not None:
         atomic_write(json_path, report_text(report))
     if push_to is not None:
         from .hub.push import push
         push(result.out, push_to, private=private)
     return result
+
+
+def refine_merged(graphs: list, alignment: Alignment, loaded: list[Loaded], context: MatchContext, data: EvalData,
+                  options: MergeOptions, progress: bool) -> tuple:
+    """(the merged point trained towards the endpoints' ensemble, its record): match/refine.py, on every process of
+    an `accelerate launch` run.  --resume is the refinement's when it names a refinement checkpoint."""
+    from .match.refine import refine, resumes_refinement
+    from .run_data import endpoint_loader
+    _, merged_at = evaluation_points(len(graphs), options)
+    point = interpolate([g if t.is_identity() else apply(g, t) for g, t in zip(graphs, alignment.transforms)],
+                        list(merged_at))
+    own = options if resumes_refinement(options.resume) else dataclasses.replace(options, resume=None)
+    model, record = refine(point, context.template, endpoint_loader(loaded, "cpu", None), len(graphs),
+                           list(merged_at), context.train_data, data, own, progress=progress)
+    spec = options.train_data or (SELF_DATA if options.refine_sampled(data.task) else "one half of --data")
+    record["train_data"].update(spec=spec, digest=data_digest(context.train_data))
+    return model, record
 
 
 def raw_reference(graphs: list, narrower: list[int], options: MergeOptions) -> list | None:
@@ -361,12 +406,18 @@ def transforms_tensors(transforms: list[Transform]) -> dict:
 
 
 def export(out: Path, force: bool, models: list[str], aligned, merged_at, alignment: Alignment, template: Loaded,
-           report: Report, options: MergeOptions, names: list[str] | None = None) -> Path:
+           report: Report, options: MergeOptions, names: list[str] | None = None, refined=None) -> Path:
+    """The output folder; with `refined` (--refine-steps) its weights are the checkpoint written (the unrefined
+    merge is not: the transforms and the same command without --refine-steps give it)."""
     from .hub.cards import write_card
     with atomic_output_dir(out, force=force, sources=tuple(models), data=data_specs(options)) as tmp:
         start = time.perf_counter()
-        save(interpolate(aligned, list(merged_at)), template, tmp, dtype=options.export_dtype(),
-             max_shard_bytes=options.shard_bytes())
+        if refined is not None:
+            save_trained(refined, interpolate(aligned, list(merged_at)), template, tmp, dtype=options.export_dtype(),
+                         max_shard_bytes=options.shard_bytes())
+        else:
+            save(interpolate(aligned, list(merged_at)), template, tmp, dtype=options.export_dtype(),
+                 max_shard_bytes=options.shard_bytes())
         with ShardWriter(tmp, "transforms", options.shard_bytes(), {"method": report.method}) as writer:
             for name, tensor in transforms_tensors(alignment.transforms).items():
                 writer.add(name, tensor)

@@ -36,11 +36,12 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
     trained on whole with --allow-train-on-eval.  Training data that shares examples with the evaluation data
     (compared by content) is refused unless --allow-train-on-eval."""
     notes = []
+    who = "learned matching" if METHODS[options.method].learned else "the refinement (--refine-steps)"
     if samples is not None:
         train = samples
-        if options.self_by_default(template.task):
-            notes.append(f"no --train-data: learned matching trained on {samples.info['tokens']:,} predicted tokens "
-                         f"of text sampled from the models themselves ({SELF_DATA}, the default for language models)")
+        if options.self_by_default(template.task) or not (options.train_data or options.match_data):
+            notes.append(f"no --train-data: {who} trained on {samples.info['tokens']:,} predicted tokens of text "
+                         f"sampled from the models themselves ({SELF_DATA}, the default for language models)")
     elif options.train_data and options.train_data != data_spec:
         train = load_eval_data(options.train_data, template, seq_len=options.seq_len,
                                max_tokens=options.max_train_tokens, max_examples=options.max_train_examples,
@@ -55,7 +56,7 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
                               f"halves, and {len(data.inputs)} examples are too few: pass another --train-data")
         train, data, how = split_in_halves(data, template, options.learn_seed)
         given = "--train-data is the --data set" if options.train_data else "no --train-data"
-        notes.append(f"{given}: --data was split into disjoint halves ({how}); learned matching trained "
+        notes.append(f"{given}: --data was split into disjoint halves ({how}); {who} trained "
                      f"on {len(train.inputs)} examples, the barrier is measured on the other {len(data.inputs)}")
     shared = shared_examples(train, data)
     if shared:
@@ -65,7 +66,7 @@ def training_data(options: MergeOptions, template: Loaded, match_data: EvalData 
                               f"evaluation data (--data), compared by content: the barrier would be in-sample. Pass "
                               f"a disjoint --train-data, the --data spec itself as --train-data to split it into "
                               f"halves, or --allow-train-on-eval to accept an in-sample barrier")
-        notes.append(f"learned matching trained on {shared} examples that are also evaluated (--allow-train-on-eval): "
+        notes.append(f"{who} trained on {shared} examples that are also evaluated (--allow-train-on-eval): "
                      "the reported barrier is partly in-sample")
     return train, data, notes
 
@@ -81,31 +82,38 @@ def matching_split(options: MergeOptions, template: Loaded, data: EvalData) -> t
                          f"used {len(match.inputs)} examples, the barrier is measured on the other {len(data.inputs)}"]
 
 
-def fitting_overlap(method, context: MatchContext, data: EvalData, options: MergeOptions) -> tuple[dict | None, list]:
-    """The n-gram overlap between what the method fits on and the evaluation data (sources.overlap), refused above
-    its limit before the matching starts unless --allow-overlap (or, for learned methods, --allow-train-on-eval)."""
+def fitting_overlap(method, context: MatchContext, data: EvalData, options: MergeOptions,
+                    refine: bool = False) -> tuple[dict | None, list]:
+    """The n-gram overlap between what the method fits on (refine: what --refine-steps trains on) and the
+    evaluation data (sources.overlap), refused above its limit before the matching starts unless --allow-overlap
+    (or, for what trains, --allow-train-on-eval)."""
     from .sources.overlap import check_overlap
-    fit = context.train_data if method.learned else context.match_data if method.needs_data else None
+    trains = method.learned or refine
+    fit = context.train_data if trains else context.match_data if method.needs_data else None
     if fit is None:
         return None, []
-    fitted_on = ("the self samples" if options.self_sampled(data.task) else
-                 "--train-data" if method.learned and options.train_data else
-                 "--match-data" if options.match_data else "the other half of --data")
+    sampled = options.refine_sampled(data.task) if refine else options.self_sampled(data.task)
+    fitted_on = ("the self samples" if sampled else
+                 "--train-data" if trains and options.train_data else
+                 "--match-data" if options.match_data and not refine else "the other half of --data")
     return check_overlap(fit, data, method=options.method, fitted_on=fitted_on,
-                         allow=options.allow_overlap or (method.learned and options.allow_train_on_eval),
+                         allow=options.allow_overlap or (trains and options.allow_train_on_eval),
                          vocab_size=getattr(context.template.config, "vocab_size", None))
 
 
 def self_sample_windows(options: MergeOptions, seq_len: int) -> int:
     """How many windows `self` samples: lm/dual an eighth of the windows their steps draw (--max-train-tokens: up
     to all of them) and the held-out ones; activation matching its --am-batches batches of --batch-size."""
-    if not METHODS[options.method].learned:
+    learned = METHODS[options.method].learned
+    if not learned and not options.refine_sampled():
         return options.am_batches * options.batch_size
-    drawn = options.steps * options.learn_batch_size
+    # --refine-steps draws from the same samples as learned matching (or alone, after any other method)
+    drawn = max(options.steps if learned else 0, options.refine_steps) * options.learn_batch_size
+    matching = options.am_batches * options.batch_size if options.self_sampled() and not learned else 0
     held = DEFAULT_HOLDOUT if options.holdout is None else options.holdout
     if options.max_train_tokens is None:
-        return -(-drawn // SELF_SAMPLE_SHARE) + held
-    return min(drawn + held, options.max_train_tokens // seq_len)
+        return max(-(-drawn // SELF_SAMPLE_SHARE) + held, matching)
+    return max(min(drawn + held, options.max_train_tokens // seq_len), matching)
 
 
 def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, progress: bool,
@@ -120,13 +128,15 @@ def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, 
     start = time.perf_counter()
     seq_len = options.seq_len or default_seq_len(template)
     check_seq_len(seq_len, template)
-    learned = METHODS[options.method].learned
+    learned = METHODS[options.method].learned or options.refine_sampled(template.task)
     windows = self_sample_windows(options, seq_len)
     if windows < len(loaded):
         raise OptionError(f"{windows} sampled windows cannot give each of the {len(loaded)} models a share: raise "
                           "--max-train-tokens")
-    if options.self_by_default(template.task) and progress:
-        print(f"hf-rebasin: no --train-data: --method {options.method} trains on {windows:,} windows of {seq_len} "
+    by_default = options.self_by_default(template.task) or (options.refine_sampled() and not options.train_data)
+    if by_default and progress:
+        what = f"--method {options.method}" if METHODS[options.method].learned else "--refine-steps"
+        print(f"hf-rebasin: no --train-data: {what} trains on {windows:,} windows of {seq_len} "
               f"tokens sampled from the models themselves (--train-data {SELF_DATA}); pass --train-data for text of "
               "your own",
               file=sys.stderr, flush=True)
@@ -138,7 +148,9 @@ def self_samples(loaded: list[Loaded], template: Loaded, options: MergeOptions, 
                         temperature=options.self_temperature, top_p=options.self_top_p, seed=options.learn_seed,
                         start_token=start_token(tokenizer), vocab_size=len(tokenizer), **chain_settings(),
                         precision="bf16" if dtype == torch.bfloat16 else "fp32")
-    flag = "--train-data" if learned and options.train_data else "--match-data"
+    refining_only = not METHODS[options.method].learned and options.refine_sampled(template.task)
+    flag = "--train-data" if (learned and options.train_data) or (refining_only and not options.match_data) \
+        else "--match-data"
     first = nullcontext()
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # accelerate launch: the main process samples, the others
         from accelerate import PartialState  # read its file after it
@@ -163,10 +175,11 @@ def sampling_dtype(options: MergeOptions, device: str):
 
 
 def endpoint_loader(loaded: list[Loaded], device: str, dtype):
-    """load(k): model k on `device` in `dtype` (loaded on the host, converted there, then moved: one model on the
-    device at a time, as long as the caller drops the one before)."""
+    """load(k): model k on `device` in `dtype` (None: as its loader gives it; loaded on the host, converted there,
+    then moved: one model on the device at a time, as long as the caller drops the one before)."""
     def load(k: int):
-        return loaded[k].backend.load_model(loaded[k]).to(dtype=dtype).to(device)
+        model = loaded[k].backend.load_model(loaded[k])
+        return (model if dtype is None else model.to(dtype=dtype)).to(device)
     return load
 
 

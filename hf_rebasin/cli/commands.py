@@ -72,6 +72,11 @@ def print_summary(report, out: Path | None) -> None:
         print(f"{report.n_models}-way {report.method}: barrier {report.barrier:.4f} nats at weights "
               f"{[round(w, 3) for w in report.barrier_lambda]}; centroid loss {report.merged_loss:.4f}; "
               f"endpoint losses {[round(v, 4) for v in report.endpoint_loss]}")
+    if report.refined:
+        r = report.refined
+        print(f"refined: {r['steps']} steps towards the endpoints' ensemble: loss {r['loss']:.4f} (merged "
+              f"{r['merged_loss']:.4f}, ensemble {r['ensemble_loss']:.4f}, endpoints "
+              f"{' / '.join(f'{v:.4f}' for v in r['endpoint_loss'])}); the checkpoint written is the refined model")
     if out is not None:
         print(f"wrote {out}/ (model, barrier.json, barrier.png, transforms.safetensors, README.md)")
 

@@ -52,6 +52,9 @@ class Report:
     barrier_interval: list[float] = field(default_factory=list)  # [low, high] of the barrier
     bootstrap: dict = field(default_factory=dict)  # resamples, seed, level, unit, units
     routing: dict = field(default_factory=dict)  # a mixture of experts: load per expert, top-k changes (routing.py)
+    # merge --refine-steps: the refined model's loss, the endpoints', the ensemble's, steps, tokens, time
+    # (match/refine.py); the barrier and the path above stay those of the alignment
+    refined: dict | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -77,7 +80,8 @@ class Report:
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        return {k: v for k, v in out.items() if not (k in ("perplexity", "accuracy", "raw_barrier") and v is None)}
+        optional = ("perplexity", "accuracy", "raw_barrier", "refined")
+        return {k: v for k, v in out.items() if not (k in optional and v is None)}
 
     @classmethod
     def from_dict(cls, data: dict) -> Report:

@@ -30,5 +30,25 @@ def save(graph, template: Loaded, out_dir: str | Path, *, dtype: torch.dtype | N
     template.backend.write_companions(template, changes, dtype, out_dir)
 
 
+def save_trained(model: torch.nn.Module, graph, template: Loaded, out_dir: str | Path, *,
+                 dtype: torch.dtype | None = None, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+    """Write a model built from `graph` (instantiate) whose weights were then trained (merge --refine-steps): the
+    tensors save() would write for the graph, by the same names and in the same configuration, with the model's
+    trained values."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dtype = dtype or template.files.dtype
+    saved_names = template.adapter.saved_names
+    module_names = {saved: name for name, saved in saved_names.items()}
+    trained = model.state_dict()
+    with ShardWriter(out_dir, "model", max_shard_bytes) as writer:
+        averaged = isinstance(graph, AveragedCheckpoints)
+        for part in graph.checkpoint_parts() if averaged else state_dict_parts(graph, template):
+            names = {name: name if name in trained else module_names.get(name, name) for name in part}
+            for name, value in own_tensors({name: trained[own] for name, own in names.items()}, torch.float32).items():
+                writer.add(saved_names.get(name, name), value.to(dtype))
+    template.backend.write_companions(template, config_changes(graph, template), dtype, out_dir)
+
+
 def export(graph, template: Loaded, out_dir: str | Path, **options) -> None:
     save(graph, template, out_dir, **options)

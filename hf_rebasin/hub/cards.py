@@ -164,7 +164,11 @@ def eval_results(report: Report, evals: dict | None) -> list[EvalResult]:
     results = [EvalResult(task_type=task_type, dataset_type=spec, dataset_name=spec, metric_type="loss_barrier",
                           metric_name="loss barrier (max over λ)", metric_value=report.barrier)]
     merged = report.merged_metric()
-    for key, value in (("loss", report.merged_loss), (report.metric, merged)):
+    pairs = (("loss", report.merged_loss), (report.metric, merged))
+    if report.refined:  # the checkpoint is the refined model: its own figures
+        where = f"{where}, then trained {report.refined['steps']} steps towards the endpoints' ensemble"
+        pairs = (("loss", report.refined.get("loss")), (report.metric, report.refined.get(report.metric)))
+    for key, value in pairs:
         if value is not None:
             results.append(EvalResult(task_type=task_type, dataset_type=spec, dataset_name=spec, metric_type=key,
                                       metric_name=f"{key} {where}", metric_value=value))
@@ -197,6 +201,8 @@ def self_samples_line(report: Report) -> str | None:
         return None
     sampling = samples.get("sampling", {})
     use = "trained on" if report.method in ("lm", "dual") else "matched on"
+    if report.refined and report.method not in ("am", "am-perm", "lm", "dual"):
+        use = "the refinement after merging trained on"
     chain = sampling.get("chain", 1)
     carried = sampling.get("carried")
     texts = (f"texts starting with token {sampling.get('start_token')}, each over up to {chain} windows, the next "
@@ -212,6 +218,30 @@ def self_samples_line(report: Report) -> str | None:
             f"per model; {texts}; temperature "
             f"{sampling.get('temperature')}, top-p {sampling.get('top_p')}, seed {sampling.get('seed')}; token file "
             f"digest {samples.get('digest')}{target})")
+
+
+def refined_text(report: Report) -> str | None:
+    """What --refine-steps did to the checkpoint, in words (None: nothing)."""
+    r = report.refined
+    if not r:
+        return None
+    amount = f"{r['tokens']:,} tokens" if "tokens" in r else f"{r.get('images', 0):,} images"
+    data = r.get("train_data") or {}
+    samples = report.settings.get("self_samples")
+    if data.get("spec") and data.get("spec") != "self":
+        on = f"`{public_name(data['spec'])}`"
+    elif samples:
+        on = f"{samples['tokens']:,} tokens of text sampled from the endpoints themselves"
+    else:
+        on = "the training data of the run"
+    ends = " / ".join(number(x) for x in r.get("endpoint_loss", []))
+    return (f"**This checkpoint was trained after merging.** It is not the interpolated model: every weight of the "
+            f"merged model was then trained for {r['steps']:,} steps ({amount}, batches of {r['batch_size']}, AdamW "
+            f"at {r['lr']:g}, {r['train_s']:.0f} s on {r.get('device', 'unknown')}) to predict the endpoints' ensemble "
+            f"(the average of their predicted distributions) on {on}. Held-out loss: {number(r['loss'])} after "
+            f"training, {number(r.get('merged_loss'))} for the merged model before it, {number(r['ensemble_loss'])} "
+            f"for the ensemble of the endpoints, {ends} for the endpoints. The loss barrier below is that of the "
+            "aligned interpolation path, before the training.")
 
 
 def merged_point(report: Report) -> str:
@@ -276,7 +306,7 @@ def render_card(out_dir: str | Path, *, model_name: str | None = None) -> ModelC
         method_description=CARD_DESCRIPTIONS.get(report.method, report.method_description or report.method),
         merged_point=merged_point(report),
         data={"spec": public_name(report.data.get("spec", "unknown")), "detail": data_detail(report.data)},
-        self_samples=self_samples_line(report),
+        self_samples=self_samples_line(report), refined=refined_text(report),
         settings=settings_rows(report.settings),
         timings=", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in report.timings.items()
                           if isinstance(v, (int, float))),

@@ -73,7 +73,10 @@ def learned_parameter_count(spec, n_learned: int) -> int:
     return n_learned * sum(p.numel() for p in end.parameters() if p.requires_grad)
 
 
-def step_shape(spec, shapes: dict[str, tuple], n_models: int, method: str) -> StepShape:
+def step_shape(spec, shapes: dict[str, tuple], n_models: int, method: str, refine: bool = False) -> StepShape:
+    """The shape of a learned-matching step; refine: of a refinement step (match/refine.py), where the trained
+    parameters are the merged model's weights (fp32 with their gradient and AdamW's moments: the same 16 bytes each)
+    and the transformed copy is the model's autocast copy (the learned step's coefficients: an upper bound there)."""
     def numel(shape) -> int:
         n = 1
         for size in shape:
@@ -86,9 +89,9 @@ def step_shape(spec, shapes: dict[str, tuple], n_models: int, method: str) -> St
     # a token's FFN activations: the dense FFN (a MoE's shared expert) and the top-k experts it is routed to (the MoE
     # figure is this count alone: the coefficients were measured on dense models)
     ffn = spec.ffn_dim + getattr(spec, "top_k", 0) * getattr(spec, "expert_dim", 0)
+    trained = total if refine else learned_parameter_count(spec, learned)
     return StepShape(n_models, spec.d_model, ffn, spec.glu, spec.n_layers, spec.n_out, total, layers,
-                     total - layers - embedding, learned_parameter_count(spec, learned),
-                     1 if n_models == 2 else learned)
+                     total - layers - embedding, trained, 1 if n_models == 2 or refine else learned)
 
 
 def estimate_peak(shape: StepShape, *, micro_batch: int, seq_len: int, checkpointing: bool, value_bytes: int,
@@ -227,7 +230,7 @@ __all__ = ["MemoryPlan", "MemoryPlanError", "StepShape", "choose", "estimate_pea
            "step_shape"]
 
 
-def plan_run(options, template, n_models: int, progress: bool = True) -> tuple:
+def plan_run(options, template, n_models: int, progress: bool = True, refine: bool = False) -> tuple:
     """(the options with the plan's --grad-accum and --gradient-checkpointing, the record for barrier.json) of a
     learned-matching run of `n_models` models like `template` (sources.models.Loaded; the first, widest, model),
     from its shapes before any weight is read; the plan is printed.  Not planned (and said so in the record):
@@ -254,13 +257,19 @@ def plan_run(options, template, n_models: int, progress: bool = True) -> tuple:
     precision = "bf16" if autocast_dtype(options, device) == torch.bfloat16 else "fp32"
     canonical = meta_graph(template)  # the shapes alone
     shape = step_shape(canonical.spec, {k: tuple(v.shape) for k, v in canonical.params.items()}, n_models,
-                       options.method)
+                       options.method, refine=refine)
     plan = plan_memory(shape, device=str(device), batch=options.learn_batch_size, processes=processes,
                        seq_len=options.seq_len or default_seq_len(template), precision=precision,
-                       soft_targets=options.soft_target_share(template.task) > 0, free=free[0], source=free[1],
-                       min_accumulation=options.grad_accum, checkpointing=options.gradient_checkpointing)
+                       soft_targets=refine or options.soft_target_share(template.task) > 0, free=free[0],
+                       source=free[1], min_accumulation=options.grad_accum,
+                       checkpointing=options.gradient_checkpointing)
+    if refine and plan.gradient_checkpointing:
+        raise MemoryPlanError(f"--refine-steps needs gradient checkpointing to fit {plan.micro_batch} window(s) per "
+                              f"micro-step in {readable(plan.free_bytes)} ({plan.free_from}), which the refinement "
+                              "does not have yet: lower --learn-batch-size or --seq-len, or use a larger GPU")
     if progress:
-        print(plan.line(), file=sys.stderr, flush=True)
+        print(plan.line().replace("memory plan:", "memory plan of the refinement:" if refine else "memory plan:"),
+              file=sys.stderr, flush=True)
     options = dataclasses.replace(options, grad_accum=plan.accumulation,
                                   gradient_checkpointing=plan.gradient_checkpointing)
     return options, plan.to_dict()

@@ -305,7 +305,8 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
                     path_loss.n_models, DIRICHLET_CONCENTRATION[distribution])
     held_out = _subset(eval_data, s.eval_subset) if s.eval_every > 0 else None
     log_every = max(1, s.steps // 100)
-    tag = run_tag(s.method, fingerprint)
+    stage = fingerprint["settings"]["method"]  # the method, or "refine" (match/refine.py)
+    tag = run_tag(stage, fingerprint)
     ends: list[float] | None = None
     postfix: dict[str, str] = {}
 
@@ -339,8 +340,8 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
 
     if start == 0:
         estimate(0)
-    bar = tqdm(total=s.steps, initial=start, desc=f"{s.method} matching", disable=not (progress and main),
-               leave=False, unit="step")
+    what = "refining" if stage == "refine" else f"{stage} matching"
+    bar = tqdm(total=s.steps, initial=start, desc=what, disable=not (progress and main), leave=False, unit="step")
     bar.set_postfix(postfix)
     running = None
     pending: list[tuple] = []  # (step, its loss as a device tensor, λ, lr) of the steps not read yet
@@ -358,7 +359,8 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
         *losses, stop = values.tolist()
         for (done, _, lam, lr), loss in zip(pending, losses):
             if not math.isfinite(loss):
-                raise UserError(f"learned matching diverged at step {done} (loss {loss}); lower --lr (now {s.lr})")
+                raise UserError(f"{what} diverged at step {done} (loss {loss}); lower "
+                                f"{'--refine-lr' if stage == 'refine' else '--lr'} (now {s.lr})")
             running = loss if running is None else 0.9 * running + 0.1 * loss
             if (done - 1) % log_every == 0 or done == s.steps:
                 log.append({"step": done, "loss": loss, "lambda": lam, "lr": lr})
