@@ -30,8 +30,9 @@ from hf_rebasin.assets import example_pair  # noqa: E402
 from hf_rebasin.core.canonical import interpolate  # noqa: E402
 from hf_rebasin.core.symmetry import apply  # noqa: E402
 from hf_rebasin.evaluation.barrier import evaluate  # noqa: E402
+from hf_rebasin.evaluation.refined import Ensemble  # noqa: E402
 from hf_rebasin.match import METHODS, MatchContext  # noqa: E402
-from hf_rebasin.match.refine import Ensemble, refine  # noqa: E402
+from hf_rebasin.match.refine import refine  # noqa: E402
 from hf_rebasin.match.weight import weight_matching  # noqa: E402
 from hf_rebasin.options import MergeOptions  # noqa: E402
 from hf_rebasin.run_data import endpoint_loader, self_samples  # noqa: E402

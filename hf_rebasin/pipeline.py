@@ -194,7 +194,7 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
             from .evaluation.routing import routing_report
             report.routing = routing_report(aligned, template, data, merged_at)
         if refined is not None:
-            from .match.refine import evaluate_refined
+            from .evaluation.refined import evaluate_refined
             from .run_data import endpoint_loader
             load_fp32 = endpoint_loader(loaded, options.resolved_device(), None)
             report.refined = evaluate_refined(refined[0], [load_fp32(k) for k in range(len(loaded))], list(merged_at),

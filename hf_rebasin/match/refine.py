@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from types import SimpleNamespace
 
 import torch
 from torch import Tensor, nn
@@ -81,22 +80,6 @@ class RefineLoss(PathOfEnds):
         return self.task_loss(self._run(module, inputs), inputs, labels)
 
 
-class Ensemble(nn.Module):
-    """The endpoints' ensemble as a model for evaluation.barrier.evaluate: its logits are log Σ_k w_k softmax(f_k)
-    (log-probabilities: the cross-entropy of their softmax is the ensemble's)."""
-
-    def __init__(self, endpoints: list[nn.Module], weights: list[float], task: str):
-        super().__init__()
-        self.endpoints, self.mix, self.task = nn.ModuleList(endpoints), [float(w) for w in weights], task
-
-    def forward(self, x: Tensor | None = None, input_ids: Tensor | None = None):
-        inputs = input_ids if input_ids is not None else x
-        mixed = sum(w * (m(input_ids=inputs).logits if self.task == "causal-lm" else m(inputs)).float().softmax(-1)
-                    for w, m in zip(self.mix, self.endpoints) if w)
-        logits = mixed.clamp_min(torch.finfo(torch.float32).tiny).log()
-        return SimpleNamespace(logits=logits) if self.task == "causal-lm" else logits
-
-
 def refine_settings(options, task: str) -> dict:
     """The settings that determine the refinement's trajectory (a resumed run must match them)."""
     return {"method": REFINE_STAGE, "steps": options.refine_steps, "lr": options.refine_lr,
@@ -144,7 +127,9 @@ def refine(point, template, endpoint_loader, n_models: int, weights: list[float]
                    "settings": refine_settings(options, train.task)}
     check_same_start(accelerator, {"point": exact_digest(model.state_dict())})
     resume_state = load_checkpoint(options.resume, fingerprint) if options.resume else None
-    train, holdout = split_holdout(train, options.holdout)
+    from ..sources.splits import eos_token_id
+    train, holdout, held_record = split_holdout(train, options.holdout,
+                                                eos_token_id(template) if train.task == "causal-lm" else None)
     tf32 = device.type == "cuda" and dtype is None
     start = time.perf_counter()
     with tf32_matmuls(tf32):
@@ -153,14 +138,16 @@ def refine(point, template, endpoint_loader, n_models: int, weights: list[float]
                                device=device)
     seconds = time.perf_counter() - start
     accelerator.wait_for_everyone()
-    per_step = options.learn_batch_size * (train.inputs.shape[1] if train.task == "causal-lm" else 1)
+    # predicted tokens (a window of T tokens predicts T - 1), or images
+    per_step = options.learn_batch_size * (train.inputs.shape[1] - 1 if train.task == "causal-lm" else 1)
     record = {"steps": options.refine_steps, "lr": options.refine_lr, "batch_size": options.learn_batch_size,
               "warmup": loop_options(options).warmup_steps(), "target": "ensemble", "weights": loss.mix,
               "tokens" if train.task == "causal-lm" else "images": options.refine_steps * per_step,
               "train_s": seconds, "resumed_from": resume_state["path"] if resume_state else None,
               "precision": "bf16" if dtype == torch.bfloat16 else "fp32", "tf32": tf32, "device": str(device),
               "num_processes": accelerator.num_processes, "trained_parameters": loss.model_parameters,
-              "train_data": dict(train.info or {}), "peak_memory": peak_memory(device), "log": log}
+              "train_data": dict(train.info or {}), "holdout": held_record, "peak_memory": peak_memory(device),
+              "log": log}
     if not accelerator.is_main_process:
         accelerator.end_training()
     return model.to("cpu").eval(), record
@@ -180,21 +167,4 @@ def resumes_refinement(resume: str | None) -> bool:
     return read_checkpoint(path)["fingerprint"]["settings"].get("method") == REFINE_STAGE if path.is_file() else False
 
 
-def evaluate_refined(model: nn.Module, endpoints: list[nn.Module], weights: list[float], data, options,
-                     record: dict, endpoint_loss: list[float], merged_loss: float) -> dict:
-    """barrier.json's `refined` section: the refined model's loss (and perplexity / accuracy) on the evaluation data,
-    the endpoints', the ensemble's and the unrefined merged model's, with the training record."""
-    from ..evaluation.barrier import evaluate
-    device = options.resolved_device()
-    start = time.perf_counter()
-    refined = evaluate(model, data, options.batch_size, device)
-    ensemble = evaluate(Ensemble(endpoints, weights, data.task).to(device), data, options.batch_size, device)
-    model.to("cpu")
-    metric = "perplexity" if data.task == "causal-lm" else "accuracy"
-    return {"loss": refined["loss"], metric: refined[metric], "endpoint_loss": list(endpoint_loss),
-            "ensemble_loss": ensemble["loss"], f"ensemble_{metric}": ensemble[metric],
-            "merged_loss": merged_loss, **{k: v for k, v in record.items() if k != "log"},
-            "eval_s": time.perf_counter() - start, "log": record["log"]}
-
-
-__all__ = ["Ensemble", "RefineLoss", "evaluate_refined", "refine", "resumes_refinement"]
+__all__ = ["RefineLoss", "refine", "resumes_refinement"]
