@@ -57,6 +57,9 @@ def build_tiny(kind: str, seed: int = 0) -> torch.nn.Module:
     if adapter.backend == "timm":
         timm = import_optional("timm")
         model = timm.create_model(adapter.timm_name, pretrained=False, **adapter.tiny_config(kind))
+    elif adapter.task == "masked-lm":
+        import transformers
+        model = getattr(transformers, adapter.architecture)(adapter.tiny_config(kind))
     else:
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_config(adapter.tiny_config(kind))
@@ -108,4 +111,10 @@ def outputs(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         if inputs.is_floating_point():
             return model(inputs)
-        return model(input_ids=inputs).logits
+        return lm_logits(model(input_ids=inputs))
+
+
+def lm_logits(output):
+    """The token logits of a language model's output (BertForPreTraining calls them prediction_logits)."""
+    logits = getattr(output, "logits", None)
+    return output.prediction_logits if logits is None else logits

@@ -30,6 +30,7 @@ class Adapter:
 
     architecture: ClassVar[str]  # class name as in config.architectures / timm's model class
     backend: ClassVar[str] = "transformers"  # "transformers" or "timm" (see backends.py)
+    task: ClassVar[str | None] = None  # what the model computes, where not its backend's task: "masked-lm"
     # checkpoint keys that carry no weights (buffers some versions save), by suffix
     ignored_suffixes: ClassVar[tuple[str, ...]] = ()
     # other names checkpoint files give a parameter: {name in the model class: (names in files, ...)}

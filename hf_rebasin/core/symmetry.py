@@ -181,6 +181,10 @@ def rotate_residual(key: str, value: Tensor, t: Transform) -> Tensor:
         return g_rot.T @ value
     if g_rot is not None and role == "norm_bias":
         return value @ g_rot
+    if g_rot is not None and role == "transit":  # reads the stream, writes the tied space (through GELU: |G|)
+        return g_rot.T @ value @ g_rot.abs()
+    if g_rot is not None and role == "transit_bias":
+        return value @ g_rot.abs()
     if role == "gain":
         # a norm gain w on the stream (timm's norm_pre) or on every write (post-norms): diag(w)·G = G·diag(w |G|) for
         # a signed permutation G only; a post-norm reads the write, scaled by g with eps g², so its gain carries g
