@@ -67,9 +67,10 @@ def build_tiny(kind: str, seed: int = 0) -> torch.nn.Module:
     return model.eval()
 
 
-def tiny_tokenizer(vocab_size: int = 97):
+def tiny_tokenizer(vocab_size: int = 97, mask: bool = False):
     """A deterministic character-level tokenizer (the most frequent characters of a few stdlib modules'
-    source, then <unk>) whose vocabulary fits the tiny LMs, so that they can be run on real text."""
+    source, then <unk>) whose vocabulary fits the tiny LMs, so that they can be run on real text; `mask`: with a
+    mask token <mask> (id 2, for masked LMs)."""
     import collections
     import difflib
     import inspect
@@ -78,11 +79,13 @@ def tiny_tokenizer(vocab_size: int = 97):
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
     counts = collections.Counter("".join(inspect.getsource(m) for m in (json, difflib, inspect)))
-    chars = sorted(counts, key=lambda c: (-counts[c], c))[: vocab_size - 2]
-    vocab = {"<unk>": 0, "<|endoftext|>": 1, **{c: k + 2 for k, c in enumerate(chars)}}
+    special = ["<unk>", "<|endoftext|>"] + (["<mask>"] if mask else [])
+    chars = sorted(counts, key=lambda c: (-counts[c], c))[: vocab_size - len(special)]
+    vocab = {**{name: k for k, name in enumerate(special)}, **{c: k + len(special) for k, c in enumerate(chars)}}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.decoder = decoders.BPEDecoder()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>",
+                                   **({"mask_token": "<mask>"} if mask else {}))
 
 
 def make_tiny(kind: str, path: str | Path, seed: int = 0) -> Path:
@@ -94,7 +97,7 @@ def make_tiny(kind: str, path: str | Path, seed: int = 0) -> Path:
         save_for_hf(model, str(path), model_args=adapter.tiny_config(kind), safe_serialization=True)
     else:
         model.save_pretrained(path, safe_serialization=True)
-        tiny_tokenizer(model.config.vocab_size).save_pretrained(path)
+        tiny_tokenizer(model.config.vocab_size, mask=adapter.task == "masked-lm").save_pretrained(path)
     return path
 
 
@@ -111,10 +114,5 @@ def outputs(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         if inputs.is_floating_point():
             return model(inputs)
+        from .sources.models import lm_logits
         return lm_logits(model(input_ids=inputs))
-
-
-def lm_logits(output):
-    """The token logits of a language model's output (BertForPreTraining calls them prediction_logits)."""
-    logits = getattr(output, "logits", None)
-    return output.prediction_logits if logits is None else logits

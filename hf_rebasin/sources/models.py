@@ -260,6 +260,12 @@ def fill(model: nn.Module, graph, template: Loaded) -> nn.Module:
     return model.eval()
 
 
+def lm_logits(output) -> Tensor:
+    """The token logits of a language model's output (BertForPreTraining calls them prediction_logits)."""
+    logits = getattr(output, "logits", None)
+    return output.prediction_logits if logits is None else logits
+
+
 def instantiate(graph, template: Loaded) -> nn.Module:
     """A model of the template's class holding the graph's weights (fp32, eval mode)."""
     return fill(build(graph, template), graph, template)
