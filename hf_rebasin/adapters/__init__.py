@@ -19,8 +19,13 @@ def discover() -> None:
 discover()
 
 # Classes users will try, with the reason no exact alignment exists for them.
+_BARE = ("{name} has no masked-LM head: its output is the residual stream itself, which every residual permutation "
+         "moves (so the only exact symmetries left would be inside the layers), and it has no loss to measure a "
+         "barrier with. Merge the checkpoint with its head ({head}: the same weights plus the head)")
 UNSUPPORTED: dict[str, str] = {
     "Olmo3ForCausalLM": "OLMo-3 uses QK-norm and post-norm like OLMo-2 and sliding-window layers; not yet adapted",
+    "BertModel": _BARE.format(name="BertModel", head="BertForMaskedLM or BertForPreTraining"),
+    "RobertaModel": _BARE.format(name="RobertaModel", head="RobertaForMaskedLM"),
 }
 
 

@@ -43,8 +43,7 @@ class BertForMaskedLM(Adapter):
                   "cls.predictions.bias")
     tiny_base = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64, vocab_size=97,
                      max_position_embeddings=64)
-    tiny = {"bert": dict(tiny_base, type_vocab_size=2),
-            "bert_untied": dict(tiny_base, type_vocab_size=3, tie_word_embeddings=False, hidden_act="gelu_new")}
+    tiny = {"bert": dict(tiny_base, type_vocab_size=2)}
 
     def config_class(self):
         import transformers
@@ -180,7 +179,9 @@ class BertForPreTraining(BertForMaskedLM):
     """MultiBERTs' class: the MLM head, and the pooler (a read of the stream at the first token) with the
     next-sentence classifier after its tanh (outputs of the model: they stay as they are)."""
     architecture = "BertForPreTraining"
-    tiny = {"bert_pretraining": dict(BertForMaskedLM.tiny_base, type_vocab_size=2)}
+    # untied decoder (a read of the head's space), three token types, another GELU
+    tiny = {"bert_pretraining": dict(BertForMaskedLM.tiny_base, type_vocab_size=3, tie_word_embeddings=False,
+                                     hidden_act="gelu_new")}
 
     def extra_notes(self, config) -> tuple[str, ...]:
         return ("pooler: its dense layer reads the stream (moves with the residual permutation); its tanh output and "

@@ -11,6 +11,8 @@ from torch import Tensor, nn
 
 from ..core.canonical import Graph
 from ..core.symmetry import Transform
+from ..sources.masking import IGNORE
+from ..sources.models import lm_logits
 from .params import SymmetryParams
 
 
@@ -122,6 +124,8 @@ class PathOfEnds(nn.Module):
         from torch.func import functional_call
         if self.task == "causal-lm":
             return functional_call(self.model, state, (), {"input_ids": inputs, "use_cache": False}).logits[:, :-1]
+        if self.task == "masked-lm":  # every position's logits; the loss reads the masked ones (labels)
+            return lm_logits(functional_call(self.model, state, (), {"input_ids": inputs}))
         return functional_call(self.model, state, (inputs,))
 
     def task_loss(self, logits: Tensor, inputs: Tensor, labels: Tensor | None, target: Tensor | None = None) -> Tensor:
@@ -129,9 +133,13 @@ class PathOfEnds(nn.Module):
         a `target` distribution (forward)."""
         log_p = logits.float().log_softmax(-1)
         truth = inputs[:, 1:] if self.task == "causal-lm" else labels
-        hard = F.nll_loss(log_p.reshape(-1, log_p.shape[-1]), truth.reshape(-1))
+        hard = F.nll_loss(log_p.reshape(-1, log_p.shape[-1]), truth.reshape(-1), ignore_index=IGNORE)
         if target is None:
             return hard
+        if self.task == "masked-lm":  # the soft target where a token is predicted
+            chosen = (labels != IGNORE).to(log_p.dtype)
+            soft = -((target * log_p).sum(-1) * chosen).sum() / chosen.sum().clamp_min(1.0)
+            return (1.0 - self.soft_targets) * hard + self.soft_targets * soft
         soft = -(target * log_p).sum(-1).mean()
         return (1.0 - self.soft_targets) * hard + self.soft_targets * soft
 
