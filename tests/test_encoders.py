@@ -200,3 +200,18 @@ def test_self_and_eval_are_refused_for_masked_lms(tiny_dirs, tmp_path, text_file
     assert "a masked LM only fills in masked tokens" in capsys.readouterr().err
     with pytest.raises(UserError, match=r"masked LM \(BertForMaskedLM\).*lm-eval's zero-shot tasks score"):
         check_language_model(a)
+
+
+def test_inspect_shows_the_group_and_what_is_refused(tiny_dirs, capsys):
+    for kind, arch in (("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM"),
+                       ("bert_pretraining", "BertForPreTraining")):
+        assert main(["inspect", str(tiny_dirs[kind]), "--json"]) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["architecture"] == arch and info["task"] == "masked-lm"
+        group = "\n".join(info["symmetry_group"])
+        assert "signed permutations of the 32 coordinates only" in group and "post-LN encoders" in group
+        assert "QK maps (per head): any invertible 8x8 (no RoPE)" in group and "residual scale g: fixed to 1" in group
+        assert any("post-LN" in note for note in info["notes"])
+        refused = "\n".join(info["refused"])
+        assert "relative position embeddings" in refused and "`self`" in refused and "`eval`" in refused
+    assert info["context_length"] == 64

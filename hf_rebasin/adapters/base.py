@@ -59,6 +59,11 @@ class Adapter:
     def norm_eps(self, config) -> float:
         raise NotImplementedError
 
+    def refused(self, config) -> list[str]:
+        """What hf-rebasin refuses for models of this class beyond unknown tensors, with the reasons (for inspect,
+        where the class is not a causal LM or an image classifier)."""
+        return []
+
     def context_length(self, config) -> int | None:
         """Longest token sequence the model takes (None for image models)."""
         return None

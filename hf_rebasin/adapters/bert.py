@@ -83,6 +83,17 @@ class BertForMaskedLM(Adapter):
     def extra_notes(self, config) -> tuple[str, ...]:
         return ()
 
+    def refused(self, config) -> list[str]:
+        return ["relative position embeddings (position_embedding_type relative_key / relative_key_query): dotted "
+                "with each head's queries, so the per-head QK maps are no symmetry there",
+                "is_decoder / add_cross_attention: only the bidirectional encoder is adapted",
+                "the bare encoder (BertModel / RobertaModel): its output is the residual stream itself, which every "
+                "residual permutation moves; merge it with its masked-LM head",
+                "`self` training or matching data: a masked LM does not generate text left to right to sample from",
+                "`eval` (lm-eval zero-shot): it scores a causal LM's log-likelihood of continuations; masked LMs are "
+                "scored by the masked-LM loss and accuracy in barrier.json",
+                "models of different widths: the residual group is permutations (post-LN), with no width embedding"]
+
     def config_facts(self, config) -> dict:
         return {"hidden_act": config.hidden_act, "max_position_embeddings": config.max_position_embeddings,
                 "type_vocab_size": config.type_vocab_size, "pad_token_id": config.pad_token_id,

@@ -355,8 +355,9 @@ def describe_group(spec: Spec) -> list[str]:
     if spec.residual == "signed_permutation":
         sign = "times one sign (G·1 = ±1 keeps the stream centred)" if spec.centred else "with a sign per coordinate"
         lines.append(f"residual: signed permutations of the {d} coordinates only, {sign}, shared by all layers; no "
-                     "rotations (a norm gain on the stream itself, timm's norm_pre, or after a norm on every residual "
-                     "write, post-norms: for generic gains no other orthogonal map passes it)")
+                     "rotations (a norm gain on the stream itself, timm's norm_pre and post-LN encoders such as BERT, "
+                     "or after a norm on every residual write, post-norms: for generic gains no other orthogonal map "
+                     "passes it)")
     elif spec.centred:
         lines.append(f"residual rotation: orthogonal {d}x{d} fixing the all-ones direction (G·1 = ±1, "
                      "LayerNorm export keeps the stream centred), shared by all layers")
