@@ -57,14 +57,31 @@ def build_tiny(kind: str, seed: int = 0) -> torch.nn.Module:
     if adapter.backend == "timm":
         timm = import_optional("timm")
         model = timm.create_model(adapter.timm_name, pretrained=False, **adapter.tiny_config(kind))
-    elif adapter.task == "masked-lm":
-        import transformers
-        model = getattr(transformers, adapter.architecture)(adapter.tiny_config(kind))
     else:
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_config(adapter.tiny_config(kind))
+        model = model_from_config(adapter, adapter.tiny_config(kind))
     randomise_(model, seed, getattr(adapter, "unit_gain", 1.0))
     return model.eval()
+
+
+def model_from_config(adapter, config) -> torch.nn.Module:
+    """A randomly initialised transformers model of the adapter's class (a causal LM by the Auto class, others by
+    the class the adapter names)."""
+    import transformers
+    if adapter.task is None:
+        return transformers.AutoModelForCausalLM.from_config(config)
+    return getattr(transformers, adapter.architecture)(config)
+
+
+def example_labels(task: str, inputs: torch.Tensor, n_out: int, gen: torch.Generator) -> torch.Tensor | None:
+    """Labels for example inputs of a task: none for causal LMs (the next token), a class per image, and for masked
+    LMs the token itself at about a third of the positions (at least one per window), -100 elsewhere."""
+    if task == "causal-lm":
+        return None
+    if task == "masked-lm":
+        chosen = torch.rand(inputs.shape, generator=gen) < 0.3
+        chosen[:, 0] = True
+        return torch.where(chosen, inputs, torch.full_like(inputs, -100))
+    return torch.randint(0, n_out, (len(inputs),), generator=gen)
 
 
 def tiny_tokenizer(vocab_size: int = 97, mask: bool = False):
