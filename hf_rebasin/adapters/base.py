@@ -59,6 +59,11 @@ class Adapter:
     def norm_eps(self, config) -> float:
         raise NotImplementedError
 
+    def tied_names(self, config) -> dict[str, str]:
+        """{parameter: the parameter it is tied to} for ties the export keeps (written once, under the second name):
+        a forward run with a state dict (functional_call on a model whose parameters were replaced) needs both."""
+        return {}
+
     def refused(self, config) -> list[str]:
         """What hf-rebasin refuses for models of this class beyond unknown tensors, with the reasons (for inspect,
         where the class is not a causal LM or an image classifier)."""

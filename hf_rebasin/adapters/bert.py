@@ -83,6 +83,12 @@ class BertForMaskedLM(Adapter):
     def extra_notes(self, config) -> tuple[str, ...]:
         return ()
 
+    def tied_names(self, config) -> dict[str, str]:
+        _dense, _norm, decoder, bias = self.head_names
+        if not config.tie_word_embeddings:
+            return {}
+        return {decoder + ".weight": self.base + "embeddings.word_embeddings.weight", decoder + ".bias": bias}
+
     def refused(self, config) -> list[str]:
         return ["relative position embeddings (position_embedding_type relative_key / relative_key_query): dotted "
                 "with each head's queries, so the per-head QK maps are no symmetry there",

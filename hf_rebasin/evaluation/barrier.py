@@ -132,6 +132,8 @@ def _evaluate_streamed(graphs, weights, template, data, batch_size, device, prog
         holder.graph = point = interpolate(graphs, list(w))
         outside = adapter.outside_from_canonical(point.outside(), template.config, spec)
         model.load_state_dict(own_tensors(outside), strict=False, assign=True)
+        if getattr(model.config, "tie_word_embeddings", False) and template.task == "masked-lm":
+            model.tie_weights()  # the MLM decoder is the (newly assigned) word embedding
         for module, attr in norms:
             setattr(module, attr, point.norm_eps)
         results.append(_evaluate_layer_major(model, layers, holder, data, batch_size, device))

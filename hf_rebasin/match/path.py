@@ -35,6 +35,7 @@ class PathOfEnds(nn.Module):
     sharded = False  # the training loop runs a held-out estimate on every process only when sharded
     soft_targets = 0.0  # share of the endpoints' mixed prediction in the training target (forward)
     manual_sync = False  # DDP averages the gradients (else the loop calls sync_gradients)
+    tied: dict = {}  # {parameter: parameter it is tied to} the state dicts leave out (Adapter.tied_names)
 
     def __init__(self, ends: dict[str, SymmetryParams], n_models: int):
         super().__init__()
@@ -122,6 +123,9 @@ class PathOfEnds(nn.Module):
         """self.model's predictions run with `state`: the logits of every next token but the last's (LMs), of the
         label (classifiers)."""
         from torch.func import functional_call
+        tied = self.tied  # (strip_parameters undid the model's own ties)
+        if tied:
+            state = {**state, **{name: state[source] for name, source in tied.items() if source in state}}
         if self.task == "causal-lm":
             return functional_call(self.model, state, (), {"input_ids": inputs, "use_cache": False}).logits[:, :-1]
         if self.task == "masked-lm":  # every position's logits; the loss reads the masked ones (labels)
