@@ -69,6 +69,7 @@ SELF_MASKED_LM = ("sampling text from the models needs a causal LM, which genera
 
 
 def masked_lm(config: dict) -> bool:
+    """Whether a transformers config.json is of a masked LM (imports the adapters: asked only where `self` is)."""
     from .adapters import REGISTRY
     adapter = REGISTRY.get((config.get("architectures") or [None])[0])
     return adapter is not None and adapter.task == "masked-lm"
@@ -99,9 +100,8 @@ def preflight(models: list[str], options) -> None:
     if options.data == SELF_DATA:
         raise OptionError(f"--data {SELF_DATA}: the barrier is measured on held-out data, never on samples of the "
                           f"models; give real data (a folder named {SELF_DATA} is ./{SELF_DATA})")
-    masked = backends == {"transformers"} and any(masked_lm(config) for config in configs)
     for flag, spec in (("--match-data", options.match_data), ("--train-data", options.train_data)):
-        if spec == SELF_DATA and masked:
+        if spec == SELF_DATA and backends == {"transformers"} and any(masked_lm(config) for config in configs):
             raise OptionError(f"{flag} {SELF_DATA}: {SELF_MASKED_LM}")
         if spec == SELF_DATA and backends == {"timm"}:
             raise OptionError(f"{flag} {SELF_DATA} samples text from the models, and these are image classifiers "
