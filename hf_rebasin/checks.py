@@ -69,10 +69,9 @@ SELF_MASKED_LM = ("sampling text from the models needs a causal LM, which genera
 
 
 def masked_lm(config: dict) -> bool:
-    """Whether a transformers config.json is of a masked LM (imports the adapters: asked only where `self` is)."""
-    from .adapters import REGISTRY
-    adapter = REGISTRY.get((config.get("architectures") or [None])[0])
-    return adapter is not None and adapter.task == "masked-lm"
+    """Whether a transformers config.json is of a masked LM (by the adapters' source: no torch)."""
+    from .architectures import masked_lm_architectures
+    return (config.get("architectures") or [None])[0] in masked_lm_architectures()
 
 
 def preflight(models: list[str], options) -> None:

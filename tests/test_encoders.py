@@ -200,6 +200,9 @@ def test_self_and_eval_are_refused_for_masked_lms(tiny_dirs, tmp_path, text_file
     assert "a masked LM only fills in masked tokens" in capsys.readouterr().err
     with pytest.raises(UserError, match=r"masked LM \(BertForMaskedLM\).*lm-eval's zero-shot tasks score"):
         check_language_model(a)
+    from hf_rebasin.adapters import REGISTRY
+    from hf_rebasin.architectures import masked_lm_architectures
+    assert masked_lm_architectures() == {name for name, adapter in REGISTRY.items() if adapter.task == "masked-lm"}
 
 
 def test_inspect_shows_the_group_and_what_is_refused(tiny_dirs, capsys):

@@ -159,15 +159,15 @@ MASKED_LM_EVAL = ("lm-eval's zero-shot tasks score the log-likelihood a causal L
 
 
 def check_language_model(source: str) -> None:
-    from ..adapters import REGISTRY
+    from ..architectures import masked_lm_architectures
     from ..sources.backends import backend_of, read_config_json
     config = read_config_json(source)
     if backend_of(config).task != "causal-lm":
         raise UserError(f"{source} is a timm image model; lm-eval is for language models (causal LMs) only. "
                         "Image merges are scored by their accuracy in barrier.json")
-    adapter = REGISTRY.get((config.get("architectures") or [None])[0])
-    if adapter is not None and adapter.task == "masked-lm":
-        raise UserError(f"{source} is a masked LM ({adapter.architecture}): {MASKED_LM_EVAL}")
+    architecture = (config.get("architectures") or [None])[0]
+    if architecture in masked_lm_architectures():
+        raise UserError(f"{source} is a masked LM ({architecture}): {MASKED_LM_EVAL}")
 
 
 def pick_device(device: str | None) -> str:
