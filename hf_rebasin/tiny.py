@@ -78,9 +78,8 @@ def example_labels(task: str, inputs: torch.Tensor, n_out: int, gen: torch.Gener
     if task == "causal-lm":
         return None
     if task == "masked-lm":
-        chosen = torch.rand(inputs.shape, generator=gen) < 0.3
-        chosen[:, 0] = True
-        return torch.where(chosen, inputs, torch.full_like(inputs, -100))
+        from .sources.masking import example_labels as masked
+        return masked(inputs, gen)
     return torch.randint(0, n_out, (len(inputs),), generator=gen)
 
 

@@ -236,9 +236,9 @@ def example_batch(template, batch: int, seq: int, seed: int = 0):
     """(inputs, labels or None) on the host: random token windows, or random images and labels."""
     gen = torch.Generator().manual_seed(seed)
     if template.task in ("causal-lm", "masked-lm"):
-        from ..tiny import example_labels
+        from ..sources.masking import example_labels
         x = torch.randint(0, template.spec.n_out, (batch, seq), generator=gen)
-        return x, example_labels(template.task, x, template.spec.n_out, gen)
+        return x, example_labels(x, gen) if template.task == "masked-lm" else None
     size = template.model.default_cfg.get("input_size", (3, 32, 32)) if hasattr(template.model, "default_cfg") else None
     images = torch.randn(batch, *(size or (3, 32, 32)), generator=gen)
     return images, torch.randint(0, template.spec.n_out, (batch,), generator=gen)

@@ -54,3 +54,11 @@ def mask_windows(windows: Tensor, mask_id: int, vocab_size: int, never: list[int
 def original_tokens(inputs: Tensor, labels: Tensor | None) -> Tensor:
     """The unmasked windows of masked-LM data (the labels where a token was chosen, the inputs elsewhere)."""
     return inputs if labels is None else torch.where(labels != IGNORE, labels, inputs)
+
+
+def example_labels(inputs: Tensor, gen: torch.Generator) -> Tensor:
+    """Labels for example windows (tests, the CUDA rule checks): the token itself at about a third of the positions,
+    at least one per window, IGNORE elsewhere."""
+    chosen = torch.rand(inputs.shape, generator=gen) < 0.3
+    chosen[:, 0] = True
+    return torch.where(chosen, inputs, torch.full_like(inputs, IGNORE))
