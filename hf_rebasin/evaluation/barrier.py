@@ -132,7 +132,7 @@ def _evaluate_streamed(graphs, weights, template, data, batch_size, device, prog
         holder.graph = point = interpolate(graphs, list(w))
         outside = adapter.outside_from_canonical(point.outside(), template.config, spec)
         model.load_state_dict(own_tensors(outside), strict=False, assign=True)
-        if getattr(model.config, "tie_word_embeddings", False) and template.task == "masked-lm":
+        if template.task == "masked-lm" and model.config.tie_word_embeddings:
             model.tie_weights()  # the MLM decoder is the (newly assigned) word embedding
         for module, attr in norms:
             setattr(module, attr, point.norm_eps)

@@ -247,7 +247,7 @@ def fill(model: nn.Module, graph, template: Loaded) -> nn.Module:
     for part in state_dict_parts(graph, template):
         model.load_state_dict(own_tensors(part), strict=False, assign=True)
         names.update(part)
-    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)  # kept tied by the export (BERT)
+    tied = template.task == "masked-lm" and model.config.tie_word_embeddings  # a tie the export keeps (BERT's decoder)
     if (isinstance(graph, AveragedCheckpoints) or tied) and hasattr(model, "tie_weights"):
         model.tie_weights()  # a tied checkpoint stores the shared tensor once
         names.update(name for name, value in model.state_dict().items() if value.device.type != "meta")
