@@ -103,6 +103,20 @@ PAIRS: dict[str, dict] = {
         "seq_len": 128,
         "training": dict(steps=300, batch_size=8, lr=3e-3, warmup=15, weight_decay=0.1),
     },
+    # a masked LM (post-LN, residual group: permutations; issue 46): BERT trained by MLM on CPython's standard library
+    # (files split train / val / test), a 1024-token BPE with a mask token; both seeds at once, one thread each
+    "bert-stdlib": {
+        "task": "masked-lm",
+        "corpus": "stdlib",
+        "vocab_size": 1024,
+        "config_class": "BertConfig",
+        "architecture": "BertForMaskedLM",
+        "config": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256,
+                       max_position_embeddings=128, type_vocab_size=2, hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0),
+        "seq_len": 128,
+        "training": dict(steps=600, batch_size=16, lr=1e-3, warmup=30, weight_decay=0.01, log_every=50),
+    },
     "vit-digits": {
         "task": "image-classification",
         "model_args": dict(in_chans=1, img_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4,
@@ -190,6 +204,8 @@ def lm_config(settings: dict, tokenizer):
     import transformers
 
     config_class = getattr(transformers, settings["config_class"])
+    if settings["task"] == "masked-lm":  # pad and mask are the tokenizer's (BERT has no EOS)
+        return config_class(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **settings["config"])
     return config_class(vocab_size=len(tokenizer), bos_token_id=tokenizer.eos_token_id,
                         eos_token_id=tokenizer.eos_token_id, **settings["config"])
 
@@ -254,6 +270,8 @@ def lm_corpus(settings: dict, folder: Path):
         from hf_rebasin.training import EOS, train_bpe_tokenizer
         texts = stdlib_splits()
         tokenizer = train_bpe_tokenizer(texts["train"], settings["vocab_size"])
+        if settings["task"] == "masked-lm":
+            tokenizer.add_special_tokens({"mask_token": "<mask>", "pad_token": "<pad>"})
         joined = {split: f"\n{EOS}\n".join(parts) for split, parts in texts.items()}  # documents kept apart
     else:
         from transformers import AutoTokenizer
@@ -277,8 +295,15 @@ def train_seed_in_process(settings: dict, tokenizer, train_windows, seed: int, o
     torch.set_num_threads(1)
     log: list = []
     start = time.perf_counter()
-    model = train_causal_lm(lm_config(settings, tokenizer), train_windows, seed=seed, progress=False, log=log,
-                            data_seed=data_seed, **settings["training"])
+    if settings["task"] == "masked-lm":
+        from hf_rebasin.sources.masking import special_ids
+        from hf_rebasin.training import train_masked_lm
+        model = train_masked_lm(lm_config(settings, tokenizer), train_windows, architecture=settings["architecture"],
+                                mask_id=tokenizer.mask_token_id, never=special_ids(tokenizer), seed=seed,
+                                progress=False, log=log, **settings["training"])
+    else:
+        model = train_causal_lm(lm_config(settings, tokenizer), train_windows, seed=seed, progress=False, log=log,
+                                data_seed=data_seed, **settings["training"])
     save_lm(model, tokenizer, out)
     return {"train_seconds": round(time.perf_counter() - start, 1), "log": log}
 
@@ -293,16 +318,26 @@ def build_lm_pair(name: str, folder: Path, progress: bool) -> dict:
     if settings.get("corpus") == "stdlib":  # long: both seeds at once, one thread each
         from concurrent.futures import ProcessPoolExecutor
 
-        from transformers import AutoModelForCausalLM
+        import transformers
         with ProcessPoolExecutor(len(SEEDS)) as pool:
             runs = {key: pool.submit(train_seed_in_process, settings, tokenizer, windows["train"], seed,
                                      folder / FOLDERS[key]) for key, seed in SEEDS.items()}
             logs = {key: run.result() for key, run in runs.items()}
+        model_class = getattr(transformers, settings.get("architecture", "AutoModelForCausalLM"))
         for key, seed in SEEDS.items():
-            model = AutoModelForCausalLM.from_pretrained(folder / FOLDERS[key], dtype=torch.float32).eval()
-            metrics[key] = {"seed": seed, "train_seconds": logs[key]["train_seconds"],
-                            "val_loss": causal_lm_loss(model, windows["val"]),
-                            "test_loss": causal_lm_loss(model, windows["test"])}
+            model = model_class.from_pretrained(folder / FOLDERS[key], dtype=torch.float32).eval()
+            metrics[key] = {"seed": seed, "train_seconds": logs[key]["train_seconds"]}
+            if settings["task"] == "causal-lm":
+                metrics[key].update(val_loss=causal_lm_loss(model, windows["val"]),
+                                    test_loss=causal_lm_loss(model, windows["test"]))
+            else:  # the masked-LM loss on the barrier's fixed masking (sources/masking.py)
+                from hf_rebasin.evaluation.barrier import evaluate
+                from hf_rebasin.sources.eval_data import EvalData
+                from hf_rebasin.sources.masking import mask_windows, special_ids
+                for split in ("val", "test"):
+                    inputs, labels, _ = mask_windows(windows[split], tokenizer.mask_token_id, len(tokenizer),
+                                                     special_ids(tokenizer))
+                    metrics[key][f"{split}_loss"] = evaluate(model, EvalData("masked-lm", inputs, labels))["loss"]
             write_atomic_bytes(folder / f"train-log-{FOLDERS[key]}.json",
                                lambda path, log=logs[key]["log"]: path.write_text(json.dumps(log) + "\n"))
         return metrics
@@ -351,7 +386,7 @@ def build_vit_pair(name: str, folder: Path, progress: bool) -> dict:
 
 
 def pair_paths(name: str, folder: Path, record: dict) -> dict:
-    suffix = ".txt" if PAIRS[name]["task"] == "causal-lm" else ".npz"
+    suffix = ".npz" if PAIRS[name]["task"] == "image-classification" else ".txt"
     return {"model_a": str(folder / FOLDERS["model_a"]), "model_b": str(folder / FOLDERS["model_b"]),
             "test_data": str(folder / f"test{suffix}"), "val_data": str(folder / f"val{suffix}"),
             "train_data": str(folder / f"train{suffix}"), "task": PAIRS[name]["task"],
@@ -371,13 +406,13 @@ def get_pair(name: str, cache_dir: str | Path = "runs/pairs", *, progress: bool 
     if record_path.is_file() and not retrain:
         record = json.loads(record_path.read_text())
         if (record.get("settings") == recipe(name) and all((folder / f).is_dir() for f in FOLDERS.values())
-                and (PAIRS[name]["task"] != "causal-lm" or loads_as_trained(folder))):
+                and (PAIRS[name]["task"] == "image-classification" or loads_as_trained(folder))):
             return pair_paths(name, folder, record)
     folder.mkdir(parents=True, exist_ok=True)
     record_path.unlink(missing_ok=True)
     for stale in folder.glob("model-*seed*"):  # extra and narrow seeds of the old recipe (see extra_model)
         shutil.rmtree(stale)
-    build = build_lm_pair if PAIRS[name]["task"] == "causal-lm" else build_vit_pair
+    build = build_vit_pair if PAIRS[name]["task"] == "image-classification" else build_lm_pair
     metrics = build(name, folder, progress)
     record = {"settings": recipe(name), "metrics": metrics,
               "versions": {"torch": torch.__version__, "python": sys.version.split()[0]}}

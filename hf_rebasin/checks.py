@@ -61,6 +61,19 @@ def check_output_places(models: list[str], options, task: str) -> None:
         check_output_place(options.checkpoint_dir, "--checkpoint-dir", **where)
 
 
+SELF_MASKED_LM = ("sampling text from the models needs a causal LM, which generates left to right; a masked LM "
+                  "only fills in masked tokens of a given text and has no distribution over whole sequences to draw "
+                  "from (Gibbs-style sampling from its conditionals is not a measured scheme here). Give real text "
+                  "(--train-data / --match-data), or nothing: learned and activation matching then split --data in "
+                  "halves by document")
+
+
+def masked_lm(config: dict) -> bool:
+    """Whether a transformers config.json is of a masked LM (by the adapters' source: no torch)."""
+    from .architectures import masked_lm_architectures
+    return (config.get("architectures") or [None])[0] in masked_lm_architectures()
+
+
 def preflight(models: list[str], options) -> None:
     """The checks that need configs but no weights: every source is a model of one library, the data can be
     read for it, the window fits its context, a checkpoint to resume from exists."""
@@ -87,6 +100,8 @@ def preflight(models: list[str], options) -> None:
         raise OptionError(f"--data {SELF_DATA}: the barrier is measured on held-out data, never on samples of the "
                           f"models; give real data (a folder named {SELF_DATA} is ./{SELF_DATA})")
     for flag, spec in (("--match-data", options.match_data), ("--train-data", options.train_data)):
+        if spec == SELF_DATA and backends == {"transformers"} and any(masked_lm(config) for config in configs):
+            raise OptionError(f"{flag} {SELF_DATA}: {SELF_MASKED_LM}")
         if spec == SELF_DATA and backends == {"timm"}:
             raise OptionError(f"{flag} {SELF_DATA} samples text from the models, and these are image classifiers "
                               "(timm): a classifier maps images to labels and cannot generate images to match on. "

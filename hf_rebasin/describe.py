@@ -40,4 +40,5 @@ def describe(source: str) -> dict:
         "symmetry_group": describe_group(spec), "notes": list(spec.notes),
         # what two models of this class must agree in to be aligned, by meaning (any spelling of the config)
         "shared_settings": [f"{key}: {value}" for key, value in adapter.config_facts(config).items()],
+        **({"task": adapter.task, "refused": adapter.refused(config)} if adapter.task else {}),
     }

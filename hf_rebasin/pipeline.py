@@ -120,7 +120,7 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     timings["load_s"] = time.perf_counter() - start
 
     template = loaded[0]
-    data_spec = options.data or (DEFAULT_LM_DATA if template.task == "causal-lm" else None)
+    data_spec = options.data or (DEFAULT_LM_DATA if template.task in ("causal-lm", "masked-lm") else None)
     data = eval_data(data_spec, template, options)
     context = MatchContext(options, template=template, eval_data=data, progress=progress)
     method = METHODS[options.method]
@@ -376,7 +376,7 @@ def barrier_intervals(results: list[dict], weights, vertices: list[int], units: 
     from .evaluation.intervals import path_intervals
     intervals = path_intervals([r["window_loss"] for r in results], results[0]["window_count"], units, weights,
                                vertices)
-    unit = "images" if task != "causal-lm" else "windows" if len(set(units)) == len(units) else "documents"
+    unit = "images" if task == "image-classification" else "windows" if len(set(units)) == len(units) else "documents"
     intervals["bootstrap"]["unit"] = unit
     return intervals
 

@@ -58,15 +58,35 @@ def build_tiny(kind: str, seed: int = 0) -> torch.nn.Module:
         timm = import_optional("timm")
         model = timm.create_model(adapter.timm_name, pretrained=False, **adapter.tiny_config(kind))
     else:
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_config(adapter.tiny_config(kind))
+        model = model_from_config(adapter, adapter.tiny_config(kind))
     randomise_(model, seed, getattr(adapter, "unit_gain", 1.0))
     return model.eval()
 
 
-def tiny_tokenizer(vocab_size: int = 97):
+def model_from_config(adapter, config) -> torch.nn.Module:
+    """A randomly initialised transformers model of the adapter's class (a causal LM by the Auto class, others by
+    the class the adapter names)."""
+    import transformers
+    if adapter.task is None:
+        return transformers.AutoModelForCausalLM.from_config(config)
+    return getattr(transformers, adapter.architecture)(config)
+
+
+def example_labels(task: str, inputs: torch.Tensor, n_out: int, gen: torch.Generator) -> torch.Tensor | None:
+    """Labels for example inputs of a task: none for causal LMs (the next token), a class per image, and for masked
+    LMs the token itself at about a third of the positions (at least one per window), -100 elsewhere."""
+    if task == "causal-lm":
+        return None
+    if task == "masked-lm":
+        from .sources.masking import example_labels as masked
+        return masked(inputs, gen)
+    return torch.randint(0, n_out, (len(inputs),), generator=gen)
+
+
+def tiny_tokenizer(vocab_size: int = 97, mask: bool = False):
     """A deterministic character-level tokenizer (the most frequent characters of a few stdlib modules'
-    source, then <unk>) whose vocabulary fits the tiny LMs, so that they can be run on real text."""
+    source, then <unk>) whose vocabulary fits the tiny LMs, so that they can be run on real text; `mask`: with a
+    mask token <mask> (id 2, for masked LMs)."""
     import collections
     import difflib
     import inspect
@@ -75,11 +95,13 @@ def tiny_tokenizer(vocab_size: int = 97):
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
     counts = collections.Counter("".join(inspect.getsource(m) for m in (json, difflib, inspect)))
-    chars = sorted(counts, key=lambda c: (-counts[c], c))[: vocab_size - 2]
-    vocab = {"<unk>": 0, "<|endoftext|>": 1, **{c: k + 2 for k, c in enumerate(chars)}}
+    special = ["<unk>", "<|endoftext|>"] + (["<mask>"] if mask else [])
+    chars = sorted(counts, key=lambda c: (-counts[c], c))[: vocab_size - len(special)]
+    vocab = {**{name: k for k, name in enumerate(special)}, **{c: k + len(special) for k, c in enumerate(chars)}}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.decoder = decoders.BPEDecoder()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>",
+                                   **({"mask_token": "<mask>"} if mask else {}))
 
 
 def make_tiny(kind: str, path: str | Path, seed: int = 0) -> Path:
@@ -91,7 +113,7 @@ def make_tiny(kind: str, path: str | Path, seed: int = 0) -> Path:
         save_for_hf(model, str(path), model_args=adapter.tiny_config(kind), safe_serialization=True)
     else:
         model.save_pretrained(path, safe_serialization=True)
-        tiny_tokenizer(model.config.vocab_size).save_pretrained(path)
+        tiny_tokenizer(model.config.vocab_size, mask=adapter.task == "masked-lm").save_pretrained(path)
     return path
 
 
@@ -108,4 +130,5 @@ def outputs(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         if inputs.is_floating_point():
             return model(inputs)
-        return model(input_ids=inputs).logits
+        from .sources.models import lm_logits
+        return lm_logits(model(input_ids=inputs))

@@ -161,6 +161,32 @@ def train_causal_lm(config, windows: torch.Tensor, *, seed: int, steps: int, bat
                         log=log)
 
 
+def train_masked_lm(config, windows: torch.Tensor, *, architecture: str, mask_id: int, never: list[int], seed: int,
+                    steps: int, batch_size: int, lr: float, warmup: int | None = None, weight_decay: float = 0.1,
+                    grad_clip: float = 1.0, log_every: int = 10, progress: bool = True,
+                    log: list | None = None) -> torch.nn.Module:
+    """Train the masked-LM class `architecture` (BertForMaskedLM, RobertaForMaskedLM) from `config` on token windows,
+    BERT's way: every step masks its batch afresh (15 % of the ordinary tokens, 80/10/10; sources/masking.py), with
+    masks drawn from `seed` and the step, so the same seed gives bitwise the same weights."""
+    import transformers
+
+    from .sources.masking import mask_windows
+    check_positive(steps=steps, batch_size=batch_size, lr=lr)
+    windows = windows.long()
+    torch.manual_seed(seed)
+    model = getattr(transformers, architecture)(config).float()
+    step = iter(range(steps))
+
+    def loss_of_batch(index: torch.Tensor) -> torch.Tensor:
+        inputs, labels, _ = mask_windows(windows[index], mask_id, config.vocab_size, never,
+                                         seed=seed * 1_000_003 + next(step))
+        return model(input_ids=inputs, labels=labels).loss
+
+    return run_training(model, loss_of_batch, len(windows), seed=seed, steps=steps, batch_size=batch_size, lr=lr,
+                        warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip, log_every=log_every,
+                        progress=progress, desc=f"train MLM (seed {seed})", log=log)
+
+
 def shift_images(images: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
     """Translate each image by up to `max_shift` pixels in each direction, padding with zeros."""
     n, _, height, width = images.shape

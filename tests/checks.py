@@ -28,8 +28,9 @@ def random_group_element_preserves_function(source, kind):
     t = symmetry.random_transform(graph.spec, seed=7)
     moved = symmetry.apply(graph, t)
     # the element really moves the weights (else the test could not fail)
+    head = "head.weight" if "head.weight" in graph.params else "embed.tok"  # a tied MLM decoder is the embedding
     ffn = ("layers.1.moe.down", "layers.1.moe.router") if graph.spec.n_experts else ("layers.1.mlp.down",)
-    for key in ("layers.0.attn.q", *ffn, "head.weight"):
+    for key in ("layers.0.attn.q", *ffn, head):
         assert (moved.params[key] - graph.params[key]).abs().max() > 0.1
     x = tiny.example_inputs(kind, seed=3)
     # g != 1 is exact because the exported norm eps is rescaled by g^2; classes with a fixed eps get g = 1
@@ -45,11 +46,15 @@ def export_loads_with_stock_loader(source, kind, tmp_path):
         assert type(reloaded).__name__ == source.adapter.architecture
     else:
         import transformers
-        reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+        auto = transformers.AutoModelForMaskedLM if source.task == "masked-lm" else transformers.AutoModelForCausalLM
+        if source.adapter.architecture == "BertForPreTraining":
+            auto = transformers.AutoModelForPreTraining
+        reloaded = auto.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
         assert type(reloaded) is type(source.model)
         config = json.loads((tmp_path / "out" / "config.json").read_text())
         assert config["architectures"] == [source.adapter.architecture]
-        assert config["tie_word_embeddings"] is False
+        # decoders whose norm gain is folded into them are untied; an encoder's tied decoder stays tied
+        assert config["tie_word_embeddings"] is (source.task == "masked-lm" and source.config.tie_word_embeddings)
         assert "auto_map" not in config  # no custom code
     x = tiny.example_inputs(kind, seed=5)
     assert max_diff(source.model, reloaded, x) <= 1e-4

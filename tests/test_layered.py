@@ -71,8 +71,7 @@ def test_layered_loss_and_gradients_equal_the_whole_state_dict(kind, mode, preci
     chosen = all_graphs if mode == "three" else all_graphs[:2]
     dtype = torch.bfloat16 if precision == "bf16" else None
     x = tiny.example_inputs(kind, seed=4)
-    labels = torch.randint(0, 10, (len(x),), generator=torch.Generator().manual_seed(0))
-    y = None if template.task == "causal-lm" else labels
+    y = tiny.example_labels(template.task, x, 10, torch.Generator().manual_seed(0))
     lam = (0.2, 0.5, 0.3) if mode == "three" else 0.3
     whole = PathLoss(chosen, ends_for(mode, chosen[0].spec), template, template.task, dtype)
     layered = LayeredPathLoss(chosen, ends_for(mode, chosen[0].spec), template, template.task, dtype)

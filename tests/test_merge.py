@@ -29,7 +29,7 @@ def _barrier(a, b, method, kind, text_file, image_file, tmp_path, *extra):
 def test_rotation_objective_is_the_distance_weight_matching_reports(kind, tiny_dirs, tmp_path):
     """The residual Procrustes maximises tr(G^T M); that must be exactly the overlap term of the
     distance the rounds are judged by, or the rounds drift and "best round" picks the wrong one."""
-    from hf_rebasin.match.weight import relative_distance, residual_cross
+    from hf_rebasin.match.weight import _transit_overlap, relative_distance, residual_cross
     a = models.canonicalise(models.load(tiny_dirs[kind]))
     b = models.canonicalise(models.load(tiny.make_tiny(kind, tmp_path / "b", seed=2)))
     m = residual_cross(a.params, b.params)
@@ -47,7 +47,9 @@ def test_rotation_objective_is_the_distance_weight_matching_reports(kind, tiny_d
         t = Transform.identity(a.spec)
         t.rotation = g.float()
         distances.append(relative_distance(a.params, b, t))
-        overlaps.append(float((g.float().double() * m[0]).sum() + (g.float().double().abs() * m[1]).sum()))
+        # (+ an MLM head's transit tensor G^T W |G|: quadratic in G, outside the objective, inside the distance)
+        overlaps.append(float((g.float().double() * m[0]).sum() + (g.float().double().abs() * m[1]).sum())
+                        + _transit_overlap(a.params, b.params, g))
     assert distances[0] - distances[1] == pytest.approx(-2 * (overlaps[0] - overlaps[1]) / norm_a, rel=1e-4, abs=1e-7)
 
 

@@ -34,6 +34,12 @@ TABLE_5_PAIRS = {  # Li & Shen Table 5 (ViT-L left out: timm has no augreg_in1k 
     # the PolyPythias: the same data, different seeds (seed 1 vs seed 2; --set models=... for other seeds)
     **{f"polypythia-{s}": (f"EleutherAI/pythia-{s}-seed1", f"EleutherAI/pythia-{s}-seed2")
        for s in ("14m", "31m", "70m", "160m", "410m")},
+    # the seed families (hf_rebasin/hub/seed_families.py; tests/test_seed_families.py)
+    "multiberts": ("google/multiberts-seed_0", "google/multiberts-seed_1"),
+    "crfm-gpt2-small": ("stanford-crfm/alias-gpt2-small-x21", "stanford-crfm/battlestar-gpt2-small-x49"),
+    "crfm-gpt2-medium": ("stanford-crfm/arwen-gpt2-medium-x21", "stanford-crfm/beren-gpt2-medium-x49"),
+    "polypythia-160m-data-seed": ("EleutherAI/pythia-160m-data-seed1", "EleutherAI/pythia-160m-data-seed2"),
+    "polypythia-160m-weight-seed": ("EleutherAI/pythia-160m-weight-seed1", "EleutherAI/pythia-160m-weight-seed2"),
 }
 LEARNED_RECIPES = {"pythia-1b", "pythia-1.4b", "pythia-2.8b", "pythia-6.9b", "fineweb-edu-pile",
                    "olmo-7b-twin"}  # the pairs of 1B parameters and more

@@ -152,7 +152,7 @@ def test_layer_by_layer_path_evaluation_equals_the_filled_model(kind, tmp_path):
     if template.task == "causal-lm":
         data = EvalData("causal-lm", torch.cat([x, torch.randint(0, a.spec.n_out, x.shape, generator=generator)]))
     else:
-        data = EvalData(template.task, x, torch.randint(0, a.spec.n_out, (len(x),), generator=generator))
+        data = EvalData(template.task, x, tiny.example_labels(template.task, x, a.spec.n_out, generator))
     weights = [(1.0, 0.0), (0.5, 0.5), (0.25, 0.75)]
     filled = evaluate_points(aligned, weights, template, data, batch_size=2, progress=False, streamed=False)
     streamed = evaluate_points(aligned, weights, template, data, batch_size=2, progress=False, streamed=True)
@@ -174,7 +174,7 @@ def test_layer_by_layer_evaluation_computes_each_layer_once_per_group_of_batches
     b = models.canonicalise(models.load(tiny.make_tiny(kind, tmp_path / "b", seed=5)))
     x = torch.cat([tiny.example_inputs(kind, seed=s) for s in range(3)])
     generator = torch.Generator().manual_seed(0)
-    labels = None if template.task == "causal-lm" else torch.randint(0, a.spec.n_out, (len(x),), generator=generator)
+    labels = tiny.example_labels(template.task, x, a.spec.n_out, generator)
     data = evaluation.EvalData(template.task, x, labels)
     weights, batches = [(1.0, 0.0), (0.5, 0.5)], len(x)  # batches of one
     filled = evaluation.evaluate_points([a, b], weights, template, data, batch_size=1, progress=False, streamed=False)

@@ -44,11 +44,10 @@ def save_model(kind: str, args: dict, path, seed: int) -> models.Loaded:
         tiny.randomise_(model, seed)
         save_for_hf(model.eval(), str(path), model_args=args, safe_serialization=True)
     else:
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_config(type(adapter.tiny_config(kind))(**args))
+        model = tiny.model_from_config(adapter, type(adapter.tiny_config(kind))(**args))
         tiny.randomise_(model, seed, getattr(adapter, "unit_gain", 1.0))
         model.save_pretrained(path, safe_serialization=True)
-        tiny.tiny_tokenizer(model.config.vocab_size).save_pretrained(path)
+        tiny.tiny_tokenizer(model.config.vocab_size, mask=adapter.task == "masked-lm").save_pretrained(path)
     return models.load(path)
 
 

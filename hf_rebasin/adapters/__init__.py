@@ -19,6 +19,9 @@ def discover() -> None:
 discover()
 
 # Classes users will try, with the reason no exact alignment exists for them.
+_BARE = ("{name} has no masked-LM head: its output is the residual stream itself, which every residual permutation "
+         "moves (so the only exact symmetries left would be inside the layers), and it has no loss to measure a "
+         "barrier with. Merge the checkpoint with its head ({head}: the same weights plus the head)")
 UNSUPPORTED: dict[str, str] = {
     "Olmo3ForCausalLM": "OLMo-3 uses QK-norm and post-norm like OLMo-2 and sliding-window layers; not yet adapted",
     # mixtures of experts whose routing or layers the MoE adapters (adapters/moe.py) do not compute
@@ -28,6 +31,8 @@ UNSUPPORTED: dict[str, str] = {
     "PhimoeForCausalLM": "SparseMixer routing (its second expert chosen from a masked, jittered score); not adapted",
     "GptOssForCausalLM": "a router with a bias, experts with biases and a clamped SwiGLU, attention sinks; not adapted",
     "JambaForCausalLM": "Mamba layers between the attention layers; not adapted",
+    "BertModel": _BARE.format(name="BertModel", head="BertForMaskedLM or BertForPreTraining"),
+    "RobertaModel": _BARE.format(name="RobertaModel", head="RobertaForMaskedLM"),
 }
 
 

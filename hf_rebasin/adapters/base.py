@@ -31,6 +31,7 @@ class Adapter:
 
     architecture: ClassVar[str]  # class name as in config.architectures / timm's model class
     backend: ClassVar[str] = "transformers"  # "transformers" or "timm" (see backends.py)
+    task: ClassVar[str | None] = None  # what the model computes, where not its backend's task: "masked-lm"
     # checkpoint keys that carry no weights (buffers some versions save), by suffix
     ignored_suffixes: ClassVar[tuple[str, ...]] = ()
     # other names checkpoint files give a parameter: {name in the model class: (names in files, ...)}
@@ -58,6 +59,16 @@ class Adapter:
 
     def norm_eps(self, config) -> float:
         raise NotImplementedError
+
+    def tied_names(self, config) -> dict[str, str]:
+        """{parameter: the parameter it is tied to} for ties the export keeps (written once, under the second name):
+        a forward run with a state dict (functional_call on a model whose parameters were replaced) needs both."""
+        return {}
+
+    def refused(self, config) -> list[str]:
+        """What hf-rebasin refuses for models of this class beyond unknown tensors, with the reasons (for inspect,
+        where the class is not a causal LM or an image classifier)."""
+        return []
 
     def context_length(self, config) -> int | None:
         """Longest token sequence the model takes (None for image models)."""

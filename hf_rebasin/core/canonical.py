@@ -22,8 +22,14 @@ symmetry constraints its architecture imposes) and a flat ``dict`` of tensors ke
                                (Spec.qk_norm "projection", OLMo-2: permuted with the heads)
     layers.<i>.moe.router|up|gate|down, mlp.shared_gate   a mixture-of-experts block (core/experts.py); a
                                shared expert is the layer's mlp.*, its sigmoid gate mlp.shared_gate (d, 1)
-    pre_norm.weight / .bias    gain and bias of a norm ON the stream (timm's norm_pre): the gain
-                               moves with |G| (G a signed permutation), the bias with G
+    pre_norm.weight / .bias    gain and bias of a norm ON the stream (timm's norm_pre, BERT's embedding
+                               LayerNorm): the gain moves with |G| (G a signed permutation), the bias with G
+    layers.<i>.attn.stream_norm, .stream_norm_bias, and the same under mlp.: post-LN (BERT) norms on the
+                               stream after each residual add, gain (|G|) and bias (G), kept
+    head.transform (d, d)      TRANSIT: an MLM head's dense layer, reading the stream and writing a space
+                               tied to it (the decoder is the token embedding): W -> G^T W |G| (through GELU
+                               only a permutation passes), head.transform_bias -> b |G|; its LayerNorm's
+                               head.norm.weight / .bias move with G (norm_bias)
 
 The norms themselves carry no parameters; their epsilon is ``Graph.norm_eps``.
 Every adapter maps its checkpoint to this form and back exactly (docs/design.md §2).
@@ -38,7 +44,9 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 WRITE_SUFFIXES = ("attn.o", "attn.o_bias", "mlp.down", "mlp.down_bias", "moe.down")
-GAIN_SUFFIXES = ("attn.post_norm", "mlp.post_norm")
+GAIN_SUFFIXES = ("attn.post_norm", "mlp.post_norm", "attn.stream_norm", "mlp.stream_norm")
+NORM_BIAS_SUFFIXES = ("attn.stream_norm_bias", "mlp.stream_norm_bias")
+NORM_BIAS_KEYS = ("final_norm.bias", "pre_norm.bias", "head.norm.weight", "head.norm.bias")
 READ_SUFFIXES = ("attn.q", "attn.k", "attn.v", "mlp.up", "mlp.gate", "mlp.shared_gate", "moe.router", "moe.up",
                  "moe.gate")
 
@@ -187,13 +195,18 @@ def layer_key(i: int, name: str) -> str:
 
 
 def residual_role(key: str) -> str | None:
-    """How a tensor reacts to the residual rotation: 'write', 'read', 'norm_bias', 'gain' or None."""
+    """How a tensor reacts to the residual rotation: 'write', 'read', 'norm_bias', 'gain', 'transit',
+    'transit_bias' or None."""
     if key.startswith("embed."):
         return "write"
-    if key == "head.weight":
+    if key in ("head.weight", "head.pooler"):
         return "read"
-    if key in ("final_norm.bias", "pre_norm.bias"):
+    if key in NORM_BIAS_KEYS:
         return "norm_bias"
+    if key == "head.transform":
+        return "transit"
+    if key == "head.transform_bias":
+        return "transit_bias"
     if key == "pre_norm.weight":
         return "gain"
     if key.startswith("layers."):
@@ -204,6 +217,8 @@ def residual_role(key: str) -> str | None:
             return "read"
         if suffix in GAIN_SUFFIXES:
             return "gain"
+        if suffix in NORM_BIAS_SUFFIXES:
+            return "norm_bias"
     return None
 
 

@@ -188,6 +188,10 @@ def rotate_residual(key: str, value: Tensor, t: Transform) -> Tensor:
         return g_rot.T @ value
     if g_rot is not None and role == "norm_bias":
         return value @ g_rot
+    if g_rot is not None and role == "transit":  # reads the stream, writes the tied space (through GELU: |G|)
+        return g_rot.T @ value @ g_rot.abs()
+    if g_rot is not None and role == "transit_bias":
+        return value @ g_rot.abs()
     if role == "gain":
         # a norm gain w on the stream (timm's norm_pre) or on every write (post-norms): diag(w)·G = G·diag(w |G|) for
         # a signed permutation G only; a post-norm reads the write, scaled by g with eps g², so its gain carries g
@@ -362,8 +366,9 @@ def describe_group(spec: Spec) -> list[str]:
     if spec.residual == "signed_permutation":
         sign = "times one sign (G·1 = ±1 keeps the stream centred)" if spec.centred else "with a sign per coordinate"
         lines.append(f"residual: signed permutations of the {d} coordinates only, {sign}, shared by all layers; no "
-                     "rotations (a norm gain on the stream itself, timm's norm_pre, or after a norm on every residual "
-                     "write, post-norms: for generic gains no other orthogonal map passes it)")
+                     "rotations (a norm gain on the stream itself, timm's norm_pre and post-LN encoders such as BERT, "
+                     "or after a norm on every residual write, post-norms: for generic gains no other orthogonal map "
+                     "passes it)")
     elif spec.centred:
         lines.append(f"residual rotation: orthogonal {d}x{d} fixing the all-ones direction (G·1 = ±1, "
                      "LayerNorm export keeps the stream centred), shared by all layers")

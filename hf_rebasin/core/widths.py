@@ -42,9 +42,10 @@ def no_exact_embedding(spec: Spec) -> str | None:
     """Why no width embedding of this structure is exact (None where the one above is): kept norm gains."""
     if spec.residual != "orthogonal":
         return (f"residual: {spec.residual!r}: {spec.architecture} has a kept norm gain on the residual stream itself "
-                "(timm's norm_pre) or after a norm on every residual write (post-sublayer norms): only signed "
-                "permutations of the stream are exact, and a wider stream would need the narrow coordinates spread "
-                "over the wide ones by a map that a per-coordinate gain cannot follow; merge models of one width")
+                "(timm's norm_pre, post-LN encoders) or after a norm on every residual write (post-sublayer norms): "
+                "only signed permutations of the stream are exact, and a wider stream would need the narrow "
+                "coordinates spread over the wide ones by a map that a per-coordinate gain cannot follow; merge "
+                "models of one width")
     if spec.n_experts:
         return (f"{spec.architecture} is a mixture of experts: embedding a narrower MoE (wider experts or stream) is "
                 "not implemented; merge models of one width")

@@ -1,7 +1,9 @@
 """The loss barrier along the straight path between aligned models, or over the simplex of N (docs/design.md §5).
 
 Protocol for language models: mean next-token cross-entropy over every predicted token of
-non-overlapping windows (see data.token_windows), perplexity = exp(loss).  Classifiers: mean
+non-overlapping windows (see data.token_windows), perplexity = exp(loss).  Masked LMs: the mean cross-entropy of
+the original tokens at the positions a fixed, seeded masking chose (sources/masking.py), and the accuracy of their
+prediction.  Classifiers: mean
 cross-entropy and top-1 accuracy.  Two models: barrier = max over the λ grid of L(λ) - ((1-λ) L(0) + λ L(1)).
 N models: the max over a simplex lattice (every weight vector with entries k/r) of
 L(sum_i w_i θ_i) - sum_i w_i L(θ_i).  The two-model grid is the lattice of the 2-simplex.
@@ -19,7 +21,8 @@ from torch import nn
 from ..core.canonical import interpolate
 from ..progress import tqdm
 from ..sources.eval_data import EvalData
-from ..sources.models import Loaded, build, fill
+from ..sources.masking import IGNORE
+from ..sources.models import Loaded, build, fill, lm_logits
 
 
 def _batches(n: int, batch_size: int):
@@ -48,6 +51,15 @@ def _add_batch(totals: list, model: nn.Module, data: EvalData, part: slice, devi
         totals[1] += target.numel()
         each = F.cross_entropy(logits.transpose(1, 2), target, reduction="none").double().sum(1)
         totals[4] += [target.shape[1]] * len(target)
+    elif data.task == "masked-lm":  # the original tokens at the positions the fixed masking chose (sources/masking)
+        logits = lm_logits(model(input_ids=x)).float()
+        target = data.labels[part].to(device)
+        chosen = target != IGNORE
+        each = F.cross_entropy(logits.transpose(1, 2), target, ignore_index=IGNORE, reduction="none").double().sum(1)
+        totals[0] += float(each.sum())
+        totals[1] += int(chosen.sum())
+        totals[2] += int(((logits.argmax(-1) == target) & chosen).sum())
+        totals[4] += chosen.sum(1).tolist()
     else:
         logits = model(x).float()
         y = data.labels[part].to(device)
@@ -120,6 +132,8 @@ def _evaluate_streamed(graphs, weights, template, data, batch_size, device, prog
         holder.graph = point = interpolate(graphs, list(w))
         outside = adapter.outside_from_canonical(point.outside(), template.config, spec)
         model.load_state_dict(own_tensors(outside), strict=False, assign=True)
+        if template.task == "masked-lm" and model.config.tie_word_embeddings:
+            model.tie_weights()  # the MLM decoder is the (newly assigned) word embedding
         for module, attr in norms:
             setattr(module, attr, point.norm_eps)
         results.append(_evaluate_layer_major(model, layers, holder, data, batch_size, device))
@@ -135,7 +149,7 @@ def _evaluate_layer_major(model, layers, holder, data: EvalData, batch_size: int
 
     def forward(part: slice) -> None:
         try:
-            model(input_ids=data.inputs[part].to(device)) if data.task == "causal-lm" else \
+            model(input_ids=data.inputs[part].to(device)) if data.task in ("causal-lm", "masked-lm") else \
                 model(data.inputs[part].to(device))
         except StopForward:
             return

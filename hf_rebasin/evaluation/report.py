@@ -28,7 +28,7 @@ class Report:
     loss: list[float]
     barrier: float
     architecture: str = "unknown"
-    task: str = "causal-lm"  # or "image-classification"
+    task: str = "causal-lm"  # or "masked-lm" (loss and accuracy on the masked tokens), "image-classification"
     n_models: int = 2
     alpha: float | list[float] | None = None
     perplexity: list[float] | None = None

@@ -18,7 +18,8 @@ from ..evaluation.report import Report, read_json, read_report
 from ..export.io import atomic_write
 from ..sources.backends import BACKENDS, is_hub_id
 
-PIPELINE_TAGS = {"causal-lm": "text-generation", "image-classification": "image-classification"}
+PIPELINE_TAGS = {"causal-lm": "text-generation", "masked-lm": "fill-mask",
+                 "image-classification": "image-classification"}
 CARD_DESCRIPTIONS = {
     "wm": "weight matching (data-free: residual rotation, head permutations, per-head maps, FFN permutations)",
     "wm-perm": "weight matching restricted to permutations (data-free)",

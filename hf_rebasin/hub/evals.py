@@ -153,11 +153,21 @@ def prepare_tasks(tasks: str | Sequence[str], include_path=None) -> TaskSet:
 
 # --- models ---------------------------------------------------------------------------------------
 
+MASKED_LM_EVAL = ("lm-eval's zero-shot tasks score the log-likelihood a causal LM gives each continuation, which a "
+                  "masked LM does not define (a pseudo-log-likelihood would be another protocol, not implemented); "
+                  "masked-LM merges are scored by the masked-LM loss and accuracy in barrier.json")
+
+
 def check_language_model(source: str) -> None:
+    from ..architectures import masked_lm_architectures
     from ..sources.backends import backend_of, read_config_json
-    if backend_of(read_config_json(source)).task != "causal-lm":
+    config = read_config_json(source)
+    if backend_of(config).task != "causal-lm":
         raise UserError(f"{source} is a timm image model; lm-eval is for language models (causal LMs) only. "
                         "Image merges are scored by their accuracy in barrier.json")
+    architecture = (config.get("architectures") or [None])[0]
+    if architecture in masked_lm_architectures():
+        raise UserError(f"{source} is a masked LM ({architecture}): {MASKED_LM_EVAL}")
 
 
 def pick_device(device: str | None) -> str:
@@ -260,6 +270,8 @@ def read_merge_output(out_dir: Path):
                         "written by `hf-rebasin merge`, or use the Python API hf_rebasin.hub.evals.run_eval for any "
                         "model")
     report = read_report(out_dir)
+    if report.task == "masked-lm":
+        raise UserError(f"{out_dir} holds a masked-LM merge ({report.architecture}): {MASKED_LM_EVAL}")
     if report.task != "causal-lm":
         raise UserError(f"{out_dir} holds a {report.task or 'non-language'} merge ({report.architecture}); "
                         "lm-eval is for language models (causal LMs) only")

@@ -65,6 +65,7 @@ class Action:
     read: Tensor  # w G: a read x -> read^T x, a norm bias x -> x read
     write: Tensor  # w g r G
     gain: Tensor | None  # w g |G| (post-norm gains, a gain on the stream)
+    unsigned: Tensor | None  # |G| (the right factor of a transit tensor, an MLM head's dense layer)
     right: dict[str, list]  # q, k, v and their biases: per layer, the (n, hd, hd) head maps (biases: times w)
     o_left: list  # per layer: the (n, hd, hd) inverse OV maps, o_h -> o_left_h @ o_h
     up: list  # per layer: the GLU scale s (up), w s (up_bias), 1 / s (down rows)
@@ -80,9 +81,9 @@ class Action:
         rotation, n, gs = t.rotation, spec.n_layers, spec.group_size
         cast = (lambda m: m) if dtype is None else (lambda m: m.to(dtype))
         scale = t.scale if factor is None else t.scale * factor
-        gain = None
+        gain = unsigned = None
         if spec.residual == "signed_permutation":
-            gain = cast(rotation.abs() * (weight * t.scale))
+            gain, unsigned = cast(rotation.abs() * (weight * t.scale)), cast(rotation.abs())
         right, o_left = {}, [None] * n
         qk, ov = _stacked(t.qk_maps), _stacked(t.ov_maps)
         if qk is not None:
@@ -95,7 +96,7 @@ class Action:
             o_left = _layers(cast(inverse if gs == 1 else torch.repeat_interleave(inverse, gs, dim=1)), n)
             right.update(v=_layers(cast(ov), n), v_bias=_layers(cast(ov * weight), n))
         glu = _stacked(t.glu_scale)  # up and down scale the products (cast once); an up bias is scaled in fp32
-        return Action(t, cast(rotation * weight), cast(rotation * (scale * weight)), gain, right, o_left,
+        return Action(t, cast(rotation * weight), cast(rotation * (scale * weight)), gain, unsigned, right, o_left,
                       _layers(None if glu is None else cast(glu), n), _layers(None if glu is None else glu * weight, n),
                       _layers(None if glu is None else cast(glu.reciprocal()), n))
 
@@ -130,8 +131,10 @@ def _residual(key: str, x: Tensor, act: Action) -> Tensor | None:
         return _times(x, act.write)
     if role == "norm_bias":
         return _times(x, act.read)
-    if role == "gain":
+    if role in ("gain", "transit_bias"):
         return _times(x, act.gain)
+    if role == "transit":
+        return act.read.T @ x @ act.unsigned
     return None
 
 

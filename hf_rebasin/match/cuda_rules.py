@@ -235,8 +235,10 @@ def _path_loss(template, graphs, method: str, layered: bool, dtype, init: str, s
 def example_batch(template, batch: int, seq: int, seed: int = 0):
     """(inputs, labels or None) on the host: random token windows, or random images and labels."""
     gen = torch.Generator().manual_seed(seed)
-    if template.task == "causal-lm":
-        return torch.randint(0, template.spec.n_out, (batch, seq), generator=gen), None
+    if template.task in ("causal-lm", "masked-lm"):
+        from ..sources.masking import example_labels
+        x = torch.randint(0, template.spec.n_out, (batch, seq), generator=gen)
+        return x, example_labels(x, gen) if template.task == "masked-lm" else None
     size = template.model.default_cfg.get("input_size", (3, 32, 32)) if hasattr(template.model, "default_cfg") else None
     images = torch.randn(batch, *(size or (3, 32, 32)), generator=gen)
     return images, torch.randint(0, template.spec.n_out, (batch,), generator=gen)
@@ -297,6 +299,10 @@ def check_plain_step(template, *, precision: str = "bf16", batch: int = 2, seq: 
         if template.task == "causal-lm":
             logits = model(input_ids=x, use_cache=False).logits[:, :-1].float()
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        if template.task == "masked-lm":
+            from ..sources.models import lm_logits
+            logits = lm_logits(model(input_ids=x)).float()
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
         return F.cross_entropy(model(x).float(), y)
 
     cuda = torch.device("cuda")

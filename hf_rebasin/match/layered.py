@@ -96,6 +96,7 @@ class LayeredPathLoss(PathOfEnds):
         self.keys = [str(k) for k in range(len(graphs))]
         self.spec, self.adapter = first.spec, adapter
         self.__dict__["config"] = template.config  # timm's "config" is a model: never a submodule here
+        self.__dict__["tied"] = adapter.tied_names(template.config)
         self.task, self.autocast_dtype, self.checkpointing = task, autocast_dtype, checkpointing
         self.norm_eps = [g.norm_eps for g in graphs]
         # built on the meta device (no copy of the weights), placeholders on the CPU (movable), eval mode

@@ -84,6 +84,7 @@ class PathLoss(PathOfEnds):
         self.template, self.task, self.autocast_dtype, self.spec = template, task, autocast_dtype, graphs[0].spec
         self.__dict__["model"] = strip_parameters(instantiate(graphs[0], template))  # not a submodule
         self.__dict__["norms"] = template.adapter.norm_modules(self.model) if graphs[0].spec.scale_exact else []
+        self.__dict__["tied"] = template.adapter.tied_names(template.config)
         self.model_parameters = sum(v.numel() for v in self.graphs["0"].params.values())
         self.stacks: dict[str, Tensor] | None = None  # the endpoints stacked (stack_ends)
 

@@ -12,6 +12,8 @@ from torch import Tensor, nn
 from ..core.canonical import Graph
 from ..core.symmetry import Transform
 from .blocks import blocked, from_recipe, tiled_bases, view_recipe
+from ..sources.masking import IGNORE
+from ..sources.models import lm_logits
 from .params import SymmetryParams
 
 
@@ -34,6 +36,7 @@ class PathOfEnds(nn.Module):
     sharded = False  # the training loop runs a held-out estimate on every process only when sharded
     soft_targets = 0.0  # share of the endpoints' mixed prediction in the training target (forward)
     manual_sync = False  # DDP averages the gradients (else the loop calls sync_gradients)
+    tied: dict = {}  # {parameter: parameter it is tied to} the state dicts leave out (Adapter.tied_names)
 
     def __init__(self, ends: dict[str, SymmetryParams], n_models: int):
         super().__init__()
@@ -130,8 +133,13 @@ class PathOfEnds(nn.Module):
         """self.model's predictions run with `state`: the logits of every next token but the last's (LMs), of the
         label (classifiers)."""
         from torch.func import functional_call
+        tied = self.tied  # (strip_parameters undid the model's own ties)
+        if tied:
+            state = {**state, **{name: state[source] for name, source in tied.items() if source in state}}
         if self.task == "causal-lm":
             return functional_call(self.model, state, (), {"input_ids": inputs, "use_cache": False}).logits[:, :-1]
+        if self.task == "masked-lm":  # every position's logits; the loss reads the masked ones (labels)
+            return lm_logits(functional_call(self.model, state, (), {"input_ids": inputs}))
         return functional_call(self.model, state, (inputs,))
 
     def task_loss(self, logits: Tensor, inputs: Tensor, labels: Tensor | None, target: Tensor | None = None) -> Tensor:
@@ -139,9 +147,13 @@ class PathOfEnds(nn.Module):
         a `target` distribution (forward)."""
         log_p = logits.float().log_softmax(-1)
         truth = inputs[:, 1:] if self.task == "causal-lm" else labels
-        hard = F.nll_loss(log_p.reshape(-1, log_p.shape[-1]), truth.reshape(-1))
+        hard = F.nll_loss(log_p.reshape(-1, log_p.shape[-1]), truth.reshape(-1), ignore_index=IGNORE)
         if target is None:
             return hard
+        if self.task == "masked-lm":  # the soft target where a token is predicted
+            chosen = (labels != IGNORE).to(log_p.dtype)
+            soft = -((target * log_p).sum(-1) * chosen).sum() / chosen.sum().clamp_min(1.0)
+            return (1.0 - self.soft_targets) * hard + self.soft_targets * soft
         soft = -(target * log_p).sum(-1).mean()
         return (1.0 - self.soft_targets) * hard + self.soft_targets * soft
 

@@ -16,9 +16,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class EvalData:
-    task: str  # "causal-lm" or "image-classification"
+    task: str  # "causal-lm", "masked-lm" or "image-classification"
     inputs: Tensor  # token windows (n, seq_len) or images (n, C, H, W); training windows may be a TokenWindows
-    labels: Tensor | None = None  # class labels for images
+    labels: Tensor | None = None  # class labels for images; masked-LM: the token to predict, -100 where none
     info: dict | None = None
     # the document each example's first token belongs to, where the data records it (a protocol that joins
     # documents without an EOS token); else documents are found by EOS tokens (evaluation/intervals.units_of)
@@ -44,10 +44,32 @@ def load_eval_data(spec: str, template: Loaded, *, seq_len: int | None, max_toke
         except UserError:  # a model without a tokenizer: the ids are still checked against its embedding
             tokenizer = None
         windows, info = open_token_windows(spec, seq_len, template.config.vocab_size, max_tokens, flag, tokenizer)
+        if template.task == "masked-lm":
+            return masked(windows[:], info, tokenizer, template)
         return EvalData("causal-lm", windows if flag == "--train-data" else windows[:], None, info)
-    windows, info = load_token_windows(spec, template.backend.tokenizer(template.folder), seq_len, max_tokens,
-                                       text_field=text_field, max_tokens_flag=cap)
+    tokenizer = template.backend.tokenizer(template.folder)
+    windows, info = load_token_windows(spec, tokenizer, seq_len, max_tokens, text_field=text_field,
+                                       max_tokens_flag=cap)
+    if template.task == "masked-lm":
+        return masked(windows, info, tokenizer, template)
     return EvalData("causal-lm", windows, None, info)
+
+
+def masked(windows, info: dict, tokenizer, template: Loaded) -> EvalData:
+    """Masked-LM data: the windows masked once, by the fixed seed of sources/masking.py (the same masks at every
+    point and for every method), the record in info["masking"] (barrier.json's data)."""
+    from .masking import mask_token_id, mask_windows, special_ids
+    mask_id = mask_token_id(tokenizer, template.source)
+    inputs, labels, record = mask_windows(windows, mask_id, template.config.vocab_size, special_ids(tokenizer))
+    return EvalData("masked-lm", inputs, labels, {**info, "masking": record})
+
+
+def tokens_of(data: EvalData):
+    """The token windows of language-model data as written (masked-LM data: before masking)."""
+    if data.task == "masked-lm":
+        from .masking import original_tokens
+        return original_tokens(data.inputs, data.labels)
+    return data.inputs
 
 
 def default_seq_len(template: Loaded) -> int:

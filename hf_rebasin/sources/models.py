@@ -38,7 +38,7 @@ class Loaded:
 
     @property
     def task(self) -> str:
-        return self.backend.task
+        return self.adapter.task or self.backend.task
 
     @functools.cached_property
     def model(self) -> nn.Module:
@@ -247,7 +247,8 @@ def fill(model: nn.Module, graph, template: Loaded) -> nn.Module:
     for part in state_dict_parts(graph, template):
         model.load_state_dict(own_tensors(part), strict=False, assign=True)
         names.update(part)
-    if isinstance(graph, AveragedCheckpoints) and hasattr(model, "tie_weights"):
+    tied = template.task == "masked-lm" and model.config.tie_word_embeddings  # a tie the export keeps (BERT's decoder)
+    if (isinstance(graph, AveragedCheckpoints) or tied) and hasattr(model, "tie_weights"):
         model.tie_weights()  # a tied checkpoint stores the shared tensor once
         names.update(name for name, value in model.state_dict().items() if value.device.type != "meta")
     missing = sorted(set(model.state_dict()) - names - {n for n, _ in model.named_buffers()})
@@ -257,6 +258,12 @@ def fill(model: nn.Module, graph, template: Loaded) -> nn.Module:
         for module, attr in template.adapter.norm_modules(model):
             setattr(module, attr, graph.norm_eps)
     return model.eval()
+
+
+def lm_logits(output) -> Tensor:
+    """The token logits of a language model's output (BertForPreTraining calls them prediction_logits)."""
+    logits = getattr(output, "logits", None)
+    return output.prediction_logits if logits is None else logits
 
 
 def instantiate(graph, template: Loaded) -> nn.Module:

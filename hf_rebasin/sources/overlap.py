@@ -81,9 +81,11 @@ def _row_chunks(data: EvalData):
 
 def measure(fit: EvalData, evaluated: EvalData, vocab_size: int | None = None) -> dict:
     """The overlap record of barrier.json: the share of `evaluated` that `fit` covers, and how it was counted."""
-    if evaluated.task == "causal-lm":
+    if evaluated.task in ("causal-lm", "masked-lm"):
+        from .eval_data import EvalData, tokens_of
         n = ngram_length(vocab_size)
-        covered, total = token_overlap(_row_chunks(fit), evaluated.inputs.numpy(), n)
+        fit = EvalData(fit.task, tokens_of(fit)) if fit.task == "masked-lm" else fit
+        covered, total = token_overlap(_row_chunks(fit), tokens_of(evaluated).numpy(), n)
         return {"rule": f"shared {n}-grams of token ids", "share": covered / max(total, 1), "covered_tokens": covered,
                 "eval_tokens": total, "fit_tokens": int(fit.inputs.numel())}
     from .splits import example_digests

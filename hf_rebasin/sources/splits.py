@@ -51,6 +51,9 @@ def eos_token_id(template: Loaded) -> int | None:
 
 def example_digests(data: EvalData) -> list[str]:
     """One content digest per example (token window, or image with its label)."""
+    from .eval_data import tokens_of
+    if data.task == "masked-lm":  # the text, whatever its masks
+        return [hashlib.sha256(x.contiguous().numpy().tobytes()).hexdigest() for x in tokens_of(data)]
     labels = data.labels if data.labels is not None else [None] * len(data.inputs)
     return [hashlib.sha256(x.contiguous().numpy().tobytes() + (b"" if y is None else str(int(y)).encode())).hexdigest()
             for x, y in zip(data.inputs, labels)]
