@@ -11,9 +11,9 @@ from torch import Tensor, nn
 
 from ..core.canonical import Graph
 from ..core.symmetry import Transform
-from .blocks import blocked, from_recipe, tiled_bases, view_recipe
 from ..sources.masking import IGNORE
 from ..sources.models import lm_logits
+from .blocks import blocked, from_recipe, tiled_bases, view_recipe
 from .params import SymmetryParams
 
 
