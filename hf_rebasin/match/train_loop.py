@@ -305,7 +305,7 @@ def train_transforms(path_loss, accelerator, train, eval_data, s, *, fingerprint
                     path_loss.n_models, DIRICHLET_CONCENTRATION[distribution])
     held_out = _subset(eval_data, s.eval_subset) if s.eval_every > 0 else None
     log_every = max(1, s.steps // 100)
-    stage = fingerprint["settings"]["method"]  # the method, or "refine" (match/refine.py)
+    stage = fingerprint.get("settings", {}).get("method", s.method)  # the method, or "refine" (match/refine.py)
     tag = run_tag(stage, fingerprint)
     ends: list[float] | None = None
     postfix: dict[str, str] = {}
