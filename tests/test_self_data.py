@@ -343,11 +343,14 @@ def test_dual_without_training_data_samples_an_eighth_of_its_steps(pair, tmp_pat
     assert f"no --train-data: --method dual trains on {windows:,} windows of 32 tokens sampled from the models" in err
     report = json.loads((tmp_path / "out" / "barrier.json").read_text())
     samples = report["settings"]["self_samples"]
-    assert SELF_SAMPLE_SHARE == 8 and samples["windows"] == windows and samples["tokens"] == windows * 32
+    # tokens: predicted tokens (a window of 32 predicts 31)
+    assert SELF_SAMPLE_SHARE == 8 and samples["windows"] == windows and samples["tokens"] == windows * 31
     assert report["settings"]["train_data"]["spec"] == "self" and report["settings"]["learned"]["soft_targets"] == 1.0
-    assert any(note.startswith(f"no --train-data: learned matching trained on {windows * 32:,} tokens sampled")
+    assert any(note.startswith(f"no --train-data: learned matching trained on {windows * 31:,} predicted tokens of "
+                               "text sampled")
                for note in report["notes"])
-    assert "part" not in report["data"] and report["data"]["tokens"] == 2048  # all of --data is evaluated
+    assert "part" not in report["data"] and report["data"]["input_tokens"] == 2048  # all of --data is evaluated
+    assert report["data"]["tokens"] == 2048 // 32 * 31
     card = (tmp_path / "out" / "README.md").read_text()
     assert "sampled from the models themselves" in card and "no --train-data" in card
     # --max-train-tokens raises the sample up to one pass over the steps (and caps it below that)
