@@ -94,12 +94,11 @@ def run(models: list[str], options: MergeOptions, *, out: str | Path | None = No
     narrower = [k for k, other in enumerate(loaded[1:], start=1) if embeddable(loaded[0], other)]
     for k, other in enumerate(loaded[1:], start=1):
         check_compatible(loaded[0], other, shapes=k not in narrower)
-    check_expert_method(loaded[0].spec, options.method, getattr(options, "init", "absorbed"))
-    memory_plan = None
+    check_expert_method(loaded[0].spec, options.method, options.init)
+    memory_plan = refine_plan = None
     if METHODS[options.method].learned:  # before any weight is read: a run that cannot fit stops here
         from .match.memory_plan import plan_run
         options, memory_plan = plan_run(options, loaded[0], len(loaded), progress)
-    refine_plan = None
     if options.refine_steps and out is not None:  # the refinement's step (the whole model trained) planned too
         from .match.memory_plan import plan_run
         options, refine_plan = plan_run(options, loaded[0], len(loaded), progress, refine=True)

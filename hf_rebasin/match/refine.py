@@ -65,10 +65,13 @@ class RefineLoss(PathOfEnds):
                 return module(input_ids=inputs, use_cache=False).logits[:, :-1]
             return module(inputs)
 
+    def endpoint_logits(self, inputs: Tensor, k: int, rows: Tensor | None) -> Tensor:
+        return self._run(self.endpoints[k], inputs)
+
     def ensemble(self, inputs: Tensor) -> Tensor:
-        """Σ_k w_k softmax(f_k): the endpoints' mixed prediction, fp32, without gradient."""
+        """Σ_k w_k softmax(f_k): the endpoints' mixed prediction (PathOfEnds.soft_target), fp32, without gradient."""
         with torch.no_grad():
-            return sum(w * self._run(m, inputs).float().softmax(-1) for w, m in zip(self.mix, self.endpoints) if w)
+            return self.soft_target(inputs, self.mix, None)
 
     def forward(self, inputs: Tensor, labels: Tensor | None, lam, rows: Tensor | None = None) -> Tensor:
         if torch.is_grad_enabled():

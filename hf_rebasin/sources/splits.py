@@ -165,25 +165,24 @@ def _held_out_spans(data: EvalData, n: int, eos: int | None) -> tuple[list[int],
     spans: list[tuple[int, int]] = []  # held-out token spans [start, end), whole documents
     inside: set[int] = set()
     seq_len, targets = int(data.inputs.shape[1]), torch.linspace(0, total - 1, n).round().long().tolist()
-    if stream is not None and stream.last_eos_before(total * seq_len) >= 0:
-        for k in spread_order(len(targets)):
-            window = targets[k]
-            if window in inside or any(s <= window * seq_len < e for s, e in spans):
-                continue
-            start = stream.last_eos_before(window * seq_len) + 1
-            end = stream.first_eos_from(window * seq_len + seq_len - 1) + 1
-            spans.append((start, end))
-            inside.update(range(-(-start // seq_len), end // seq_len))  # windows wholly inside the span
-            if len(inside) >= n:
-                break
-        touched = {w for s, e in spans for w in range(s // seq_len, min(total, -(-e // seq_len)))}
-        inside = sorted(inside)
-        held = [inside[int(k)] for k in torch.linspace(0, len(inside) - 1, min(n, len(inside))).round().long()]
-        held = sorted(set(held))
-        record = {"how": "whole documents kept out of training", "documents": len(spans), "held_out": len(held),
-                  "dropped": len(touched) - len(held)}
-    else:
+    if stream is None or stream.last_eos_before(total * seq_len) < 0:
         return [], [], {}  # no document boundaries
+    for k in spread_order(len(targets)):
+        window = targets[k]
+        if window in inside or any(s <= window * seq_len < e for s, e in spans):
+            continue
+        start = stream.last_eos_before(window * seq_len) + 1
+        end = stream.first_eos_from(window * seq_len + seq_len - 1) + 1
+        spans.append((start, end))
+        inside.update(range(-(-start // seq_len), end // seq_len))  # windows wholly inside the span
+        if len(inside) >= n:
+            break
+    touched = {w for s, e in spans for w in range(s // seq_len, min(total, -(-e // seq_len)))}
+    inside = sorted(inside)
+    held = [inside[int(k)] for k in torch.linspace(0, len(inside) - 1, min(n, len(inside))).round().long()]
+    held = sorted(set(held))
+    record = {"how": "whole documents kept out of training", "documents": len(spans), "held_out": len(held),
+              "dropped": len(touched) - len(held)}
     return _others(total, touched), held, record
 
 
